@@ -1,0 +1,1 @@
+"""Backends: each a thin set of atomic primitives with declared capabilities."""

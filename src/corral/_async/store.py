@@ -1,0 +1,122 @@
+"""The store: one connection to a backend, and the factory of locks on it."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+from corral._async.backends.base import AsyncBackend
+from corral._async.lock import AsyncLock
+from corral.backends.registry import default_url, redact, resolve
+from corral.core.capabilities import Capabilities
+from corral.core.clock import Clock, SystemClock
+from corral.core.primitives import LockInfo
+from corral.core.validate import check_name, check_ttl, check_wait
+from corral.errors import ConfigError
+
+__all__ = ["AsyncStore", "connect"]
+
+
+class AsyncStore:
+    """Locks (and later caches) over one backend. Safe to share between tasks.
+
+    Close it with `aclose()` or `async with`.
+    """
+
+    def __init__(self, backend: AsyncBackend, *, clock: Clock | None = None) -> None:
+        self.backend = backend
+        self.clock: Clock = clock or SystemClock()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.backend.server}>"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.backend.capabilities
+
+    @property
+    def server(self) -> str:
+        return self.backend.server
+
+    def lock(
+        self,
+        name: str,
+        ttl: float = 30.0,
+        *,
+        wait: float | None = 0.0,
+        auto_renew: bool = False,
+        reentrant: bool = False,
+        on_lost: Callable[[AsyncLock], Any] | None = None,
+        fair: bool = False,
+        replicas: int = 0,
+    ) -> AsyncLock:
+        """A handle on the lock `name`; nothing is sent to the server until it is acquired."""
+        check_name(name)
+        seconds = check_ttl(ttl)
+        wait_seconds = check_wait(wait)
+        if on_lost is not None and not callable(on_lost):
+            raise ConfigError(f"on_lost must be callable, got {on_lost!r}")
+        if fair and not self.capabilities.fair:
+            raise ConfigError(f"{self.server} does not support fair=True locks")
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+            raise ConfigError(f"replicas must be an integer >= 0, got {replicas!r}")
+        if replicas and not self.capabilities.replicas:
+            raise ConfigError(
+                f"{self.server} does not support replicas=N (it is a Redis-only option)"
+            )
+        return AsyncLock(
+            self,
+            name,
+            seconds,
+            wait=wait_seconds,
+            auto_renew=bool(auto_renew),
+            reentrant=bool(reentrant),
+            on_lost=on_lost,
+            fair=bool(fair),
+            replicas=replicas,
+        )
+
+    async def lock_info(self, name: str) -> LockInfo | None:
+        """Who holds `name`, with which fencing token, for how many more seconds."""
+        return await self.backend.inspect(check_name(name))
+
+    async def force_release(self, name: str) -> bool:
+        """Free `name` whoever holds it. The holder finds out at its next renewal or check."""
+        return await self.backend.force_release(check_name(name))
+
+    async def aclose(self) -> None:
+        await self.backend.aclose()
+
+    async def __aenter__(self) -> AsyncStore:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+def connect(url: str | None = None, *, clock: Clock | None = None, **options: Any) -> AsyncStore:
+    """Open a store. `url=None` reads CORRAL_URL, else uses an SQLite file in the user's cache."""
+    if url is None:
+        url = default_url()
+    spec = resolve(url)
+    package = __name__.rsplit(".", 1)[0]
+    try:
+        module = importlib.import_module(f"{package}.backends.{spec.module}")
+    except ImportError as exc:
+        if spec.extra is None:
+            raise
+        raise ConfigError(
+            f"{redact(url)} needs the {spec.extra!r} extra: pip install 'corral[{spec.extra}]' "
+            f"({exc})"
+        ) from exc
+    flavour_cls = spec.cls if package.endswith("_async") else spec.cls.removeprefix("Async")
+    backend_cls = getattr(module, flavour_cls)
+    backend: AsyncBackend = backend_cls.from_url(url, clock=clock or SystemClock(), **options)
+    return AsyncStore(backend, clock=clock)

@@ -1,0 +1,150 @@
+# Generated from src/corral/_async/backends/base.py by scripts/unasync.py: do not edit.
+# Edit the asyncio flavour and run `python scripts/unasync.py`.
+"""The contract between the lock logic and a backend.
+
+A backend implements a handful of atomic primitives (one round trip each where
+the server allows) and declares its capabilities; it never decides anything
+about waiting, renewing or errors seen by users: `corral._sync.lock` does,
+once, for every backend.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+from types import TracebackType
+from typing import ClassVar
+
+from corral._sync._compat import Event
+from corral.core.capabilities import Capabilities
+from corral.core.primitives import Attempt, LockInfo, Outcome
+from corral.errors import ConfigError
+
+__all__ = ["Backend", "LocalBus", "Waiter"]
+
+
+class Waiter:
+    """A subscription to the releases of one lock name.
+
+    It is entered *before* the attempt it guards, so a release that lands
+    between a failed attempt and the wait still wakes the waiter: no lost
+    wake-up. This base form wakes only on releases made in this process (see
+    `LocalBus`) and otherwise lets the timeout run out, which is how polling
+    backends wait.
+    """
+
+    def __init__(self, bus: LocalBus, name: str) -> None:
+        self._bus = bus
+        self._name = name
+        self._event = Event()
+
+    def __enter__(self) -> Waiter:
+        self._bus.add(self._name, self._event)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._bus.discard(self._name, self._event)
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for a release; True when one was seen."""
+        woken = self._event.wait(timeout)
+        self._event.clear()
+        return woken
+
+
+class LocalBus:
+    """Wakes the waiters of this process when this process releases a lock.
+
+    Cheap and exact for releases made here; backends that can also hear other
+    processes' releases (pub/sub, watch, LISTEN) add that on top.
+    """
+
+    def __init__(self) -> None:
+        # A thread lock in both flavours: the critical sections never await.
+        self._mutex = threading.Lock()
+        self._waiters: dict[str, set[Event]] = {}
+
+    def add(self, name: str, event: Event) -> None:
+        with self._mutex:
+            self._waiters.setdefault(name, set()).add(event)
+
+    def discard(self, name: str, event: Event) -> None:
+        with self._mutex:
+            events = self._waiters.get(name)
+            if events is not None:
+                events.discard(event)
+                if not events:
+                    del self._waiters[name]
+
+    def notify(self, name: str) -> None:
+        with self._mutex:
+            events = list(self._waiters.get(name, ()))
+        for event in events:
+            event.set()
+
+
+class Backend(abc.ABC):
+    """Atomic lock primitives on one kind of server.
+
+    Every method is one atomic operation on the server (a Lua script, a
+    transaction, a compare-and-swap), never a client-side read-then-write.
+    Times are seconds as floats; the server's clock enforces every TTL.
+    """
+
+    capabilities: ClassVar[Capabilities]
+
+    def __init__(self) -> None:
+        self.local_bus = LocalBus()
+
+    @property
+    @abc.abstractmethod
+    def server(self) -> str:
+        """Where this backend points, for error messages; never includes a password."""
+
+    @abc.abstractmethod
+    def try_acquire(
+        self, name: str, owner: str, ttl: float, *, queue_ttl: float | None = None
+    ) -> Attempt:
+        """Take the lock if nobody holds it, with a new fencing token, in one atomic step.
+
+        With `queue_ttl` (fair locks) the owner joins the lock's arrival queue
+        (or refreshes its place, which expires after `queue_ttl` seconds
+        without a refresh) and may take the lock only from the head of it.
+        """
+
+    @abc.abstractmethod
+    def release(self, name: str, owner: str, hold_for: float = 0.0) -> Outcome:
+        """Compare-and-delete by owner; with `hold_for`, keep it closed and ownerless that long."""
+
+    @abc.abstractmethod
+    def extend(self, name: str, owner: str, ttl: float) -> Outcome:
+        """Compare-and-reset the TTL by owner."""
+
+    @abc.abstractmethod
+    def inspect(self, name: str) -> LockInfo | None:
+        """The current holder, token and seconds left, or None when free."""
+
+    @abc.abstractmethod
+    def force_release(self, name: str) -> bool:
+        """Delete the lock whoever holds it (operators only); True when something was held."""
+
+    def leave_queue(self, name: str, owner: str) -> None:
+        """Leave a fair lock's queue after giving up; expiry would do it later anyway."""
+        raise ConfigError(f"{type(self).__name__} does not support fair=True")
+
+    def wait_replicas(self, replicas: int, timeout: float) -> int:
+        """How many replicas acknowledged the writes so far (Redis WAIT)."""
+        raise ConfigError(f"{type(self).__name__} does not support replicas=N")
+
+    def waiter(self, name: str) -> Waiter:
+        """Subscribe to releases of `name`; see `Waiter`."""
+        return Waiter(self.local_bus, name)
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Close connections; the backend is not used afterwards."""

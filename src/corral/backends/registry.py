@@ -1,0 +1,86 @@
+"""URL schemes to backend modules, and the parsing every backend shares.
+
+Backend modules are imported only when their scheme is used, so `pip install
+corral` works without redis-py, psycopg and the rest; a missing extra gives a
+ConfigError that says which extra to install.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from corral.errors import ConfigError
+
+__all__ = ["BACKENDS", "BackendSpec", "default_url", "redact", "resolve"]
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSpec:
+    module: str
+    """Module under `corral._async.backends` / `corral._sync.backends`."""
+    cls: str
+    """Class name in the async flavour (the sync one drops the `Async` prefix)."""
+    extra: str | None
+    """The pip extra that brings the client library, if any."""
+
+
+BACKENDS: dict[str, BackendSpec] = {
+    "memory": BackendSpec("memory", "AsyncMemoryBackend", None),
+    "sqlite": BackendSpec("sqlite", "AsyncSQLiteBackend", None),
+    "redis": BackendSpec("redis", "AsyncRedisBackend", "redis"),
+    "rediss": BackendSpec("redis", "AsyncRedisBackend", "redis"),
+}
+
+PLANNED = {
+    "redis+cluster": "Redis Cluster",
+    "redis+redlock": "Redlock over independent Redis masters",
+    "memcached": "memcached",
+    "etcd": "etcd",
+    "postgresql": "PostgreSQL",
+    "postgres": "PostgreSQL",
+}
+
+
+def default_url() -> str:
+    """`CORRAL_URL`, else an SQLite file in the user's cache directory (XDG)."""
+    env = os.environ.get("CORRAL_URL")
+    if env:
+        return env
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return f"sqlite:///{Path(base).absolute() / 'corral' / 'corral.db'}"
+
+
+def resolve(url: str) -> BackendSpec:
+    if not isinstance(url, str):
+        raise TypeError(f"url must be str, not {type(url).__name__}")
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme in BACKENDS:
+        return BACKENDS[scheme]
+    if scheme in PLANNED:
+        raise ConfigError(
+            f"{redact(url)}: the {PLANNED[scheme]} backend is not available in this "
+            "version of corral yet; use redis://, sqlite:// or memory://"
+        )
+    known = ", ".join(f"{name}://" for name in BACKENDS)
+    raise ConfigError(f"{redact(url)}: unknown or missing URL scheme; expected one of {known}")
+
+
+def redact(url: str) -> str:
+    """The URL with any password replaced, fit for logs, reprs and error messages."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{user}:***@{host}"
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))

@@ -1,0 +1,136 @@
+"""The lock's decisions, with no I/O: when to try again, when to give up, when to renew.
+
+The sync and async lock handles are thin drivers: they perform the attempt or
+the renewal a plan asks for and feed the result back. Every timing rule lives
+here, where a fake clock tests it exactly.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+
+from corral.core.backoff import Backoff
+from corral.core.primitives import Attempt, Outcome
+from corral.errors import LockError, LockExpired, LockLost
+
+__all__ = [
+    "RenewalSchedule",
+    "WaitPlan",
+    "make_owner",
+    "outcome_error",
+]
+
+_HOST = socket.gethostname()
+
+# With pushed wake-ups a waiter still re-checks now and then: a notification
+# can be lost with a dropped connection, and an expiry is never announced.
+NOTIFIED_RECHECK = 1.0
+# A TTL reported as 0 still needs a moment to pass on the server.
+MIN_WAIT = 0.0005
+
+
+def make_owner(label: str) -> str:
+    """A unique, readable owner id: who holds the lock, for humans and for compare-and-delete."""
+    return f"{_HOST}:{os.getpid()}:{label}:{secrets.token_hex(6)}"
+
+
+class WaitPlan:
+    """Deadline bookkeeping for one `acquire()` call.
+
+    After each failed attempt the driver asks `next_wait()`: None means give
+    up (the wait is over, or `fail_fast` saw a holder who will outlast it);
+    otherwise wait that many seconds for a wake-up, then attempt again.
+    """
+
+    def __init__(
+        self,
+        *,
+        now: float,
+        wait: float | None,
+        fail_fast: bool,
+        notifies: bool,
+        backoff: Backoff | None = None,
+        refresh_every: float | None = None,
+    ) -> None:
+        self.deadline = None if wait is None else now + wait
+        self.fail_fast = fail_fast
+        self.notifies = notifies
+        self.backoff = backoff or Backoff()
+        self.refresh_every = refresh_every
+
+    def remaining(self, now: float) -> float | None:
+        return None if self.deadline is None else self.deadline - now
+
+    def next_wait(self, now: float, attempt: Attempt) -> float | None:
+        remaining = self.remaining(now)
+        if remaining is not None and remaining <= 0:
+            return None
+        holder_ttl = attempt.holder_ttl
+        if (
+            self.fail_fast
+            and remaining is not None
+            and holder_ttl is not None
+            and holder_ttl > remaining
+        ):
+            return None
+        limits: list[float] = []
+        if remaining is not None:
+            limits.append(remaining)
+        if holder_ttl is not None:
+            # Be there the moment the holder's TTL runs out: nobody announces an expiry.
+            limits.append(max(holder_ttl, MIN_WAIT))
+        limits.append(NOTIFIED_RECHECK if self.notifies else self.backoff.next())
+        if self.refresh_every is not None:
+            limits.append(self.refresh_every)
+        return max(min(limits), 0.0)
+
+
+class RenewalSchedule:
+    """When an auto-renewed lock is next extended, and when to give it up as lost.
+
+    Renewal happens every ttl/3, so two consecutive failures still leave time
+    for a third try. `valid_until` is measured from *before* the extend
+    request was sent, so it can only under-estimate the server's expiry.
+    """
+
+    def __init__(self, ttl: float, acquired_at: float, backoff: Backoff | None = None) -> None:
+        self.ttl = ttl
+        self.interval = ttl / 3
+        self.valid_until = acquired_at + ttl
+        self.due = acquired_at + self.interval
+        self._backoff = backoff or Backoff(initial=min(0.05, ttl / 30), cap=max(ttl / 10, 0.001))
+
+    def renewed(self, sent_at: float, ttl: float | None = None) -> None:
+        if ttl is not None:
+            self.ttl = ttl
+            self.interval = ttl / 3
+        self.valid_until = sent_at + self.ttl
+        self.due = sent_at + self.interval
+        self._backoff.reset()
+
+    def failed(self, now: float) -> bool:
+        """A transient error: schedule a retry. False when the lease has surely run out."""
+        left = self.valid_until - now
+        if left <= 0:
+            return False
+        self.due = now + min(self._backoff.next(), left / 2)
+        return True
+
+
+def outcome_error(outcome: Outcome, name: str, server: str, action: str) -> LockError | None:
+    """The error a caller sees for a release or extend that found the lock not theirs."""
+    if outcome is Outcome.OK:
+        return None
+    if outcome is Outcome.EXPIRED:
+        return LockExpired(
+            f"cannot {action} lock {name!r} on {server}: its TTL ran out or it was "
+            "force-released, and nobody holds it now; work done since may have "
+            "overlapped with another holder (use a longer ttl or auto_renew=True)"
+        )
+    return LockLost(
+        f"cannot {action} lock {name!r} on {server}: its TTL ran out and another "
+        "owner holds it now; stop the work and let the fencing token refuse stale "
+        "writes (use a longer ttl or auto_renew=True)"
+    )
