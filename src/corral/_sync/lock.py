@@ -195,7 +195,14 @@ class Lock:
 
     def _attempt(self, owner: str, queue_ttl: float | None) -> Attempt:
         try:
-            return self._backend.try_acquire(self.name, owner, self.ttl, queue_ttl=queue_ttl)
+            return self._backend.try_acquire(
+                self.name,
+                owner,
+                self.ttl,
+                queue_ttl=queue_ttl,
+                replicas=self.replicas,
+                replica_timeout=REPLICA_TIMEOUT,
+            )
         except BaseException:
             # Cancelled or cut off after the server may have granted it: take it back,
             # so no lock is held by an owner nobody knows. The owner id is unique
@@ -223,28 +230,18 @@ class Lock:
             count=1,
             schedule=RenewalSchedule(self.ttl, sent_at),
         )
+        if self.replicas and (attempt.replicas_acked or 0) < self.replicas:
+            shield(self._backend.release(self.name, owner))
+            raise BackendUnavailable(
+                f"lock {self.name!r} on {self._backend.server}: only "
+                f"{attempt.replicas_acked or 0} of {self.replicas} replicas acknowledged "
+                f"the acquisition within {REPLICA_TIMEOUT} s; released it (check "
+                "replication, or lower replicas=)"
+            )
         self._held = held
-        if self.replicas:
-            self._await_replicas(held)
         if self.auto_renew:
             renewer().register(self, held.schedule.due)
         return True
-
-    def _await_replicas(self, held: _Held) -> None:
-        try:
-            acked = self._backend.wait_replicas(self.replicas, REPLICA_TIMEOUT)
-        except BaseException:
-            self._held = None
-            shield(self._backend.release(self.name, held.owner))
-            raise
-        if acked < self.replicas:
-            self._held = None
-            shield(self._backend.release(self.name, held.owner))
-            raise BackendUnavailable(
-                f"lock {self.name!r} on {self._backend.server}: only {acked} of "
-                f"{self.replicas} replicas acknowledged the acquisition within "
-                f"{REPLICA_TIMEOUT} s; released it (check replication, or lower replicas=)"
-            )
 
     # -- release, extend, check -------------------------------------------------
 

@@ -21,11 +21,14 @@ class Attempt:
     `holder_ttl` is how many seconds the current holder has left when not
     acquired (None when unknown), so waiters can sleep until the expiry
     instead of guessing, and `fail_fast` can give up at once.
+    `replicas_acked` answers `replicas=N`: how many replicas had the
+    acquisition before the attempt returned (None when not asked).
     """
 
     acquired: bool
     token: int | None = None
     holder_ttl: float | None = None
+    replicas_acked: int | None = None
 
 
 class Outcome(enum.Enum):

@@ -78,7 +78,14 @@ class AsyncMemoryBackend(AsyncBackend):
         return next(iter(queue))
 
     async def try_acquire(
-        self, name: str, owner: str, ttl: float, *, queue_ttl: float | None = None
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        *,
+        queue_ttl: float | None = None,
+        replicas: int = 0,
+        replica_timeout: float = 1.0,
     ) -> Attempt:
         with self._mutex:
             now = self._clock.now()

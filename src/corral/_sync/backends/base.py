@@ -108,13 +108,23 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def try_acquire(
-        self, name: str, owner: str, ttl: float, *, queue_ttl: float | None = None
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        *,
+        queue_ttl: float | None = None,
+        replicas: int = 0,
+        replica_timeout: float = 1.0,
     ) -> Attempt:
         """Take the lock if nobody holds it, with a new fencing token, in one atomic step.
 
         With `queue_ttl` (fair locks) the owner joins the lock's arrival queue
         (or refreshes its place, which expires after `queue_ttl` seconds
         without a refresh) and may take the lock only from the head of it.
+        With `replicas` (only where `capabilities.replicas`), a successful
+        acquisition waits up to `replica_timeout` seconds for that many
+        replicas to have it, on the same connection, and reports the count.
         """
 
     @abc.abstractmethod
@@ -136,10 +146,6 @@ class Backend(abc.ABC):
     def leave_queue(self, name: str, owner: str) -> None:
         """Leave a fair lock's queue after giving up; expiry would do it later anyway."""
         raise ConfigError(f"{type(self).__name__} does not support fair=True")
-
-    def wait_replicas(self, replicas: int, timeout: float) -> int:
-        """How many replicas acknowledged the writes so far (Redis WAIT)."""
-        raise ConfigError(f"{type(self).__name__} does not support replicas=N")
 
     def waiter(self, name: str) -> Waiter:
         """Subscribe to releases of `name`; see `Waiter`."""
