@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # (source dir, generated dir, files kept hand-written in both)
 TREES = [
     (ROOT / "src/corral/_async", ROOT / "src/corral/_sync", {"__init__.py", "_compat.py"}),
-    (ROOT / "tests/_async", ROOT / "tests/_sync", {"__init__.py", "conftest.py"}),
+    (ROOT / "tests/_async", ROOT / "tests/_sync", {"__init__.py", "concurrency.py"}),
 ]
 
 SUBSTITUTIONS: list[tuple[str, str]] = [
@@ -38,6 +38,8 @@ SUBSTITUTIONS: list[tuple[str, str]] = [
     (r"\bcorral\._async\b", "corral._sync"),
     (r"\btests\._async\b", "tests._sync"),
     (r"\bredis\.asyncio\b", "redis"),
+    (r"\bcorral\.aio\b", "corral"),
+    (r"\bpytest_asyncio\.fixture\b", "pytest.fixture"),
     (r"\baclose\b", "close"),
     (r"\bAsync([A-Z]\w*)", r"\1"),
     (r"\basync_(\w+)", r"\1"),

@@ -29,6 +29,8 @@ _HOST = socket.gethostname()
 NOTIFIED_RECHECK = 1.0
 # A TTL reported as 0 still needs a moment to pass on the server.
 MIN_WAIT = 0.0005
+# Below this much lease left, a renewal retry could not land in time.
+MIN_RETRY = 0.001
 
 
 def make_owner(label: str) -> str:
@@ -113,7 +115,7 @@ class RenewalSchedule:
     def failed(self, now: float) -> bool:
         """A transient error: schedule a retry. False when the lease has surely run out."""
         left = self.valid_until - now
-        if left <= 0:
+        if left <= MIN_RETRY:
             return False
         self.due = now + min(self._backoff.next(), left / 2)
         return True

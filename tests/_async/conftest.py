@@ -1,0 +1,29 @@
+"""Stores for the contract suite in this flavour."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from corral.aio import AsyncStore, connect
+from tests.conftest import capabilities
+
+
+@pytest.fixture
+async def store(backend_url: str) -> AsyncIterator[AsyncStore]:
+    async with connect(backend_url) as opened:
+        yield opened
+
+
+@pytest.fixture
+async def other_store(
+    backend_name: str, backend_url: str, store: AsyncStore
+) -> AsyncIterator[AsyncStore]:
+    """A second client of the same locks: its own connection where the backend shares across
+    processes, the same store where it lives in one process."""
+    if not capabilities(backend_name).cross_process:
+        yield store
+        return
+    async with connect(backend_url) as opened:
+        yield opened

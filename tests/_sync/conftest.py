@@ -1,0 +1,29 @@
+# Generated from tests/_async/conftest.py by scripts/unasync.py: do not edit.
+# Edit the asyncio flavour and run `python scripts/unasync.py`.
+"""Stores for the contract suite in this flavour."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from corral import Store, connect
+from tests.conftest import capabilities
+
+
+@pytest.fixture
+def store(backend_url: str) -> Iterator[Store]:
+    with connect(backend_url) as opened:
+        yield opened
+
+
+@pytest.fixture
+def other_store(backend_name: str, backend_url: str, store: Store) -> Iterator[Store]:
+    """A second client of the same locks: its own connection where the backend shares across
+    processes, the same store where it lives in one process."""
+    if not capabilities(backend_name).cross_process:
+        yield store
+        return
+    with connect(backend_url) as opened:
+        yield opened

@@ -1,0 +1,112 @@
+"""Backends under test, and the real servers they need.
+
+Every contract test takes `backend_url` and so runs once per backend; a test
+that needs a capability (`@pytest.mark.capability("cross_process")`) is only
+generated for the backends that declare it, so nothing is silently skipped.
+Servers are started once per session on free loopback ports in temporary
+folders and stopped by PID at the end.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from corral.backends.registry import BACKENDS
+from corral.core.capabilities import Capabilities
+
+# Backends the contract suite knows, in the order they are reported.
+ALL_BACKENDS = ["memory", "sqlite", "redis"]
+# Backends that need a server process started by the fixtures.
+SERVER_BACKENDS = {"redis"}
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+def selected_backends(config: pytest.Config) -> list[str]:
+    raw = config.getoption("--backends") or os.environ.get("CORRAL_TEST_BACKENDS", "")
+    if not raw:
+        return list(ALL_BACKENDS)
+    wanted = [name.strip() for name in raw.split(",") if name.strip()]
+    unknown = sorted(set(wanted) - set(ALL_BACKENDS))
+    if unknown:
+        raise pytest.UsageError(f"unknown backend(s) {unknown}; known: {ALL_BACKENDS}")
+    return wanted
+
+
+def capabilities(name: str) -> Capabilities:
+    spec = BACKENDS[name]
+    module = importlib.import_module(f"corral._async.backends.{spec.module}")
+    caps: Capabilities = getattr(module, spec.cls).capabilities
+    return caps
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--backends",
+        default="",
+        help=f"comma-separated backends to test (default: all of {','.join(ALL_BACKENDS)})",
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "backend_name" not in metafunc.fixturenames:
+        return
+    names = selected_backends(metafunc.config)
+    for marker in metafunc.definition.iter_markers("capability"):
+        names = [n for n in names if all(getattr(capabilities(n), c) for c in marker.args)]
+    for marker in metafunc.definition.iter_markers("backend"):
+        names = [n for n in names if n in marker.args]
+    metafunc.parametrize("backend_name", names, scope="session")
+
+
+def server_missing(message: str) -> None:
+    """In CI a missing server is a failure, never a skip."""
+    if in_ci():
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    from corral.testing.servers import ServerUnavailable, start_redis
+
+    try:
+        server = start_redis(tmp_path_factory.mktemp("redis"))
+    except ServerUnavailable as exc:
+        server_missing(str(exc))
+        raise
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def sqlite_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("sqlite") / "locks.db"
+
+
+@pytest.fixture(scope="session")
+def backend_url(backend_name: str, request: pytest.FixtureRequest) -> str:
+    if backend_name == "memory":
+        return "memory://"
+    if backend_name == "sqlite":
+        path: Path = request.getfixturevalue("sqlite_path")
+        return f"sqlite:///{path}"
+    if backend_name == "redis":
+        server = request.getfixturevalue("redis_server")
+        url: str = server.url  # type: ignore[attr-defined]
+        return url
+    raise AssertionError(backend_name)
+
+
+@pytest.fixture
+def name() -> str:
+    """A fresh lock name per test: tests share servers and never flush them."""
+    return f"test-{uuid.uuid4().hex[:12]}"

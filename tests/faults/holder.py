@@ -1,0 +1,103 @@
+"""A lock holder in its own process, for fault tests that kill, stop and race it.
+
+    python -m tests.faults.holder URL NAME MODE [--ttl S] [--flavour sync|async] [--cycles N]
+
+Modes: `hold` acquires, prints its token and sleeps until killed; `stdin`
+acquires, prints its token, waits for a line on stdin, then reports what
+extend() and release() raised; `worker` runs acquire/hold/release cycles and
+prints one JSON line per cycle (start, end, token) on the shared monotonic clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+
+import corral
+import corral.aio
+
+
+def emit(**fields: object) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+def outcome(call: object) -> str:
+    try:
+        call()  # type: ignore[operator]
+    except corral.CorralError as exc:
+        return type(exc).__name__
+    return "ok"
+
+
+def run_sync(args: argparse.Namespace) -> None:
+    store = corral.connect(args.url)
+    lock = store.lock(args.name, ttl=args.ttl)
+    if args.mode == "worker":
+        rng = random.Random()
+        for _ in range(args.cycles):
+            assert lock.acquire(wait=120), "could not acquire within 120 s"
+            start = time.monotonic()
+            time.sleep(rng.uniform(0, 0.004))
+            end = time.monotonic()
+            emit(start=start, end=end, token=lock.token)
+            lock.release()
+        return
+    assert lock.acquire(wait=30), "could not acquire"
+    emit(token=lock.token, owner=lock.owner)
+    if args.mode == "hold":
+        time.sleep(3600)
+    sys.stdin.readline()
+    emit(extend=outcome(lock.extend), release=outcome(lock.release))
+
+
+async def run_async(args: argparse.Namespace) -> None:
+    store = corral.aio.connect(args.url)
+    lock = store.lock(args.name, ttl=args.ttl)
+    if args.mode == "worker":
+        rng = random.Random()
+        for _ in range(args.cycles):
+            assert await lock.acquire(wait=120), "could not acquire within 120 s"
+            start = time.monotonic()
+            await asyncio.sleep(rng.uniform(0, 0.004))
+            end = time.monotonic()
+            emit(start=start, end=end, token=lock.token)
+            await lock.release()
+        await store.aclose()
+        return
+    assert await lock.acquire(wait=30), "could not acquire"
+    emit(token=lock.token, owner=lock.owner)
+    if args.mode == "hold":
+        await asyncio.sleep(3600)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    results = {}
+    for action in ("extend", "release"):
+        try:
+            await getattr(lock, action)()
+            results[action] = "ok"
+        except corral.CorralError as exc:
+            results[action] = type(exc).__name__
+    emit(**results)
+    await store.aclose()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("url")
+    parser.add_argument("name")
+    parser.add_argument("mode", choices=["hold", "stdin", "worker"])
+    parser.add_argument("--ttl", type=float, default=30.0)
+    parser.add_argument("--flavour", choices=["sync", "async"], default="sync")
+    parser.add_argument("--cycles", type=int, default=20)
+    args = parser.parse_args()
+    if args.flavour == "sync":
+        run_sync(args)
+    else:
+        asyncio.run(run_async(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""Real faults, on every backend whose locks cross processes: SIGKILL, SIGSTOP, races.
+
+Written once; a backend added to the contract suite inherits every test here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import corral
+
+pytestmark = pytest.mark.capability("cross_process")
+
+ROOT = Path(__file__).resolve().parents[2]
+FLAVOURS = ["sync", "async"]
+
+
+class Holder:
+    """A child process running tests/faults/holder.py."""
+
+    def __init__(self, url: str, name: str, mode: str, *extra: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.faults.holder", url, name, mode, *extra],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def line(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        raw = self.proc.stdout.readline()
+        assert raw, f"holder exited early with status {self.proc.wait()}"
+        result: dict[str, Any] = json.loads(raw)
+        return result
+
+    def send(self, text: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(text)
+        self.proc.stdin.flush()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture
+def holders() -> Iterator[list[Holder]]:
+    started: list[Holder] = []
+    yield started
+    for holder in started:
+        if holder.proc.poll() is None:
+            os.kill(holder.proc.pid, signal.SIGCONT)
+        holder.stop()
+
+
+@pytest.fixture
+def store(backend_url: str) -> Iterator[corral.Store]:
+    with corral.connect(backend_url) as opened:
+        yield opened
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_killed_holder_frees_the_lock_after_its_ttl_not_before(
+    backend_url: str, store: corral.Store, name: str, holders: list[Holder], flavour: str
+) -> None:
+    holder = Holder(backend_url, name, "hold", "--ttl", "2", "--flavour", flavour)
+    holders.append(holder)
+    token = holder.line()["token"]
+    os.kill(holder.proc.pid, signal.SIGKILL)
+    holder.proc.wait()
+    killed_at = time.monotonic()
+    lock = store.lock(name, ttl=10)
+    assert not lock.acquire(), "a SIGKILLed holder's lock was free before its TTL"
+    info = store.lock_info(name)
+    assert info is not None and info.token == token
+    assert lock.acquire(wait=10)
+    assert time.monotonic() - killed_at > 1.0  # it became free only when the TTL ran out
+    assert lock.token is not None and lock.token > token
+    lock.release()
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_stopped_holder_past_its_ttl_finds_the_lock_lost(
+    backend_url: str, store: corral.Store, name: str, holders: list[Holder], flavour: str
+) -> None:
+    holder = Holder(backend_url, name, "stdin", "--ttl", "1", "--flavour", flavour)
+    holders.append(holder)
+    old_token = holder.line()["token"]
+    os.kill(holder.proc.pid, signal.SIGSTOP)
+    lock = store.lock(name, ttl=30)
+    assert lock.acquire(wait=15)
+    assert lock.token is not None and lock.token > old_token
+    os.kill(holder.proc.pid, signal.SIGCONT)
+    holder.send("go\n")
+    assert holder.line() == {"extend": "LockLost", "release": "LockLost"}
+    assert lock.owned()  # the stale holder's release freed nothing
+    lock.release()
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_racing_processes_never_overlap_and_tokens_increase(
+    backend_url: str, name: str, holders: list[Holder], flavour: str
+) -> None:
+    workers = [
+        Holder(backend_url, name, "worker", "--cycles", "15", "--ttl", "30", "--flavour", flavour)
+        for _ in range(8)
+    ]
+    holders.extend(workers)
+    records = []
+    for worker in workers:
+        assert worker.proc.stdout is not None
+        out, _ = worker.proc.communicate(timeout=180)
+        assert worker.proc.returncode == 0, out
+        records.extend(json.loads(line) for line in out.splitlines())
+    assert len(records) == 8 * 15
+    records.sort(key=lambda r: r["start"])
+    for before, after in zip(records, records[1:], strict=False):
+        assert before["end"] <= after["start"], f"two holders overlapped: {before} {after}"
+        assert before["token"] < after["token"], f"tokens went backwards: {before} {after}"
