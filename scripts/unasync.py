@@ -75,7 +75,8 @@ def generate(source: Path, target: Path) -> str:
     rel = source.relative_to(ROOT).as_posix()
     text = HEADER.format(source=rel) + unasync_text(source.read_text())
     filename = str(target.relative_to(ROOT))
-    text = ruff(["check", "--fix", "--select", "I,F401,UP,RUF022", "--exit-zero"], text, filename)
+    fixes = "I,F401,UP,RUF022,SIM117"
+    text = ruff(["check", "--fix", "--select", fixes, "--exit-zero"], text, filename)
     return ruff(["format"], text, filename)
 
 

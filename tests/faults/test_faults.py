@@ -5,6 +5,7 @@ Written once; a backend added to the contract suite inherits every test here.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -126,6 +127,6 @@ def test_racing_processes_never_overlap_and_tokens_increase(
         records.extend(json.loads(line) for line in out.splitlines())
     assert len(records) == 8 * 15
     records.sort(key=lambda r: r["start"])
-    for before, after in zip(records, records[1:], strict=False):
+    for before, after in itertools.pairwise(records):
         assert before["end"] <= after["start"], f"two holders overlapped: {before} {after}"
         assert before["token"] < after["token"], f"tokens went backwards: {before} {after}"
