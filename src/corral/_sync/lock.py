@@ -132,6 +132,15 @@ class Lock:
         held = self._mine()
         return None if held is None else held.owner
 
+    @property
+    def lost(self) -> LockError | None:
+        """Why the current acquisition was found lost (renewal, extend, check), else None.
+
+        Lets an `on_lost` callback say what happened without a round trip.
+        """
+        held = self._mine()
+        return None if held is None else held.lost
+
     def clock_now(self) -> float:
         return self._store.clock.now()
 
@@ -203,10 +212,15 @@ class Lock:
                 replicas=self.replicas,
                 replica_timeout=REPLICA_TIMEOUT,
             )
+        except BackendError:
+            # The server may have granted it before the answer was lost; taking it
+            # back would mean a second wait on a server that just failed, doubling
+            # the configured timeout. Its TTL frees it instead.
+            raise
         except BaseException:
-            # Cancelled or cut off after the server may have granted it: take it back,
-            # so no lock is held by an owner nobody knows. The owner id is unique
-            # to this attempt, so this can free nothing else.
+            # Cancelled after the server may have granted it: take it back, so no
+            # lock is held by an owner nobody knows. The owner id is unique to this
+            # attempt, so this can free nothing else.
             try:
                 shield(self._backend.release(self.name, owner))
             except BaseException:

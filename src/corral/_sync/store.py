@@ -112,7 +112,7 @@ def connect(url: str | None = None, *, clock: Clock | None = None, **options: An
     try:
         module = importlib.import_module(f"{package}.backends.{spec.module}")
     except ImportError as exc:
-        if spec.extra is None:
+        if spec.extra is None or (exc.name or "").split(".")[0] not in spec.clients:
             raise
         raise ConfigError(
             f"{redact(url)} needs the {spec.extra!r} extra: pip install 'corral[{spec.extra}]' "

@@ -25,13 +25,15 @@ class BackendSpec:
     """Class name in the async flavour (the sync one drops the `Async` prefix)."""
     extra: str | None
     """The pip extra that brings the client library, if any."""
+    clients: tuple[str, ...] = ()
+    """Top-level modules of that client library: their absence means the extra is missing."""
 
 
 BACKENDS: dict[str, BackendSpec] = {
     "memory": BackendSpec("memory", "AsyncMemoryBackend", None),
     "sqlite": BackendSpec("sqlite", "AsyncSQLiteBackend", None),
-    "redis": BackendSpec("redis", "AsyncRedisBackend", "redis"),
-    "rediss": BackendSpec("redis", "AsyncRedisBackend", "redis"),
+    "redis": BackendSpec("redis", "AsyncRedisBackend", "redis", ("redis",)),
+    "rediss": BackendSpec("redis", "AsyncRedisBackend", "redis", ("redis",)),
 }
 
 PLANNED = {

@@ -1,0 +1,596 @@
+# Generated from src/corral/_async/backends/redis.py by scripts/unasync.py: do not edit.
+# Edit the asyncio flavour and run `python scripts/unasync.py`.
+"""`redis://` and `rediss://`: locks on one Redis server (or a master with replicas).
+
+Every primitive is one Lua script, sent by its SHA (redis-py loads the text
+and retries on NOSCRIPT): the check and the change happen atomically on the
+server, in one round trip, with the server's clock deciding expiry. A client
+get-then-set races; WATCH/MULTI needs several round trips and retries under
+contention. The scripts and key names are in `corral.backends.redis_scripts`.
+
+Waiters are woken by pub/sub rather than by popping a list. A list pop holds
+one blocked connection per waiter, and a pushed token wakes exactly one of
+them: if that one has just given up the wake-up is lost, and tokens nobody
+takes wake the next waiter for nothing. A PUBLISH reaches every waiter of
+every process at once over a single connection per process, costs nothing
+when nobody listens, and, since a waiter subscribes (and the server confirms
+it) before its attempt, a release after that attempt cannot go unheard.
+Whoever is woken just re-attempts, so a fair lock's head takes it and the rest
+wait on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import threading
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, ClassVar
+from urllib.parse import urlsplit, urlunsplit
+
+from redis import BlockingConnectionPool, ConnectionPool, Redis
+from redis.backoff import NoBackoff
+from redis.client import PubSub
+from redis.commands.core import Script
+from redis.exceptions import AuthenticationError, NoScriptError, ReadOnlyError, RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+
+from corral._sync._compat import Event, Lock, Worker, spawn
+from corral._sync.backends.base import Backend, Waiter
+from corral.backends import redis_scripts as scripts
+from corral.backends.registry import redact
+from corral.core.capabilities import Capabilities
+from corral.core.clock import Clock
+from corral.core.primitives import Attempt, LockInfo, Outcome
+from corral.errors import BackendError, BackendUnavailable, ConfigError
+
+__all__ = ["RedisBackend"]
+
+DEFAULT_TIMEOUT = 5.0
+# How long the listener blocks on one read before it looks at its flags again.
+LISTEN_POLL = 1.0
+# WAIT may use at most this share of the socket timeout, so its reply still arrives in time.
+WAIT_SHARE = 0.8
+
+_SSL_OPTIONS = frozenset({"ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs"})
+_OPTIONS = frozenset({"prefix", "timeout", "max_connections"}) | _SSL_OPTIONS
+
+_OUTCOMES = {1: Outcome.OK, 0: Outcome.EXPIRED, -1: Outcome.LOST}
+
+
+def _ms(seconds: float) -> int:
+    """Seconds to whole milliseconds, rounded up: Redis takes integers and 0 means "none"."""
+    return max(1, math.ceil(round(seconds * 1000, 6)))
+
+
+def _check_timeout(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"timeout must be a number of seconds, got {value!r}")
+    seconds = float(value)
+    if not seconds > 0 or math.isinf(seconds):
+        raise ConfigError(f"timeout must be > 0 and finite, got {value!r}")
+    return seconds
+
+
+def _check_max_connections(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"max_connections must be an integer >= 1 or None, got {value!r}")
+    return value
+
+
+@dataclass(slots=True)
+class _Channel:
+    subscribed_at: int
+    """Number of the SUBSCRIBE that made it active: its reply confirms the subscription."""
+    events: set[Event] = field(default_factory=set)
+
+
+class ReleaseFeed:
+    """One pub/sub connection (and one listener) per backend and process, shared by every waiter.
+
+    Subscriptions are counted per channel: the first waiter of a lock name
+    subscribes, the last one out unsubscribes. Confirmation is tracked by
+    order: (un)subscribe commands are sent one channel at a time under one
+    lock, so the server answers them in the order they were numbered, and a
+    waiter is confirmed once the listener has read as many replies as the
+    number of its channel's SUBSCRIBE. A feed that fails is never repaired
+    (messages may have been missed): it wakes every waiter and the backend
+    starts a new one on next use.
+    """
+
+    def __init__(self, pool: ConnectionPool, keepalive: str) -> None:
+        self.pid = os.getpid()
+        self._pubsub = PubSub(pool)
+        # Subscribed first and never left: with no subscription, redis-py's blocking
+        # flavour waits on an internal event instead of reading the socket, and then
+        # closing the connection could not end the listener's wait at once.
+        self._keepalive = keepalive
+        # Orders the (un)subscribe commands on the wire, matching their numbers.
+        self._send_lock = Lock()
+        # Guards the tables; a thread lock in both flavours, never held across I/O.
+        self._mutex = threading.Lock()
+        self._channels: dict[str, _Channel] = {}
+        self._sent = 0
+        self._answered = 0
+        self._pending: list[tuple[int, Event]] = []
+        self._worker: Worker | None = None
+        self._shut = False
+        self.failure: BaseException | None = None
+        self.closed = False
+
+    @property
+    def usable(self) -> bool:
+        return self.failure is None and not self.closed and self.pid == os.getpid()
+
+    def join(self, channel: str, event: Event, timeout: float) -> None:
+        """Have `event` set on every message on `channel`; return once the server confirmed it."""
+        confirmed = Event()
+        with self._send_lock:
+            with self._mutex:
+                self._raise_if_unusable()
+                sends = []
+                if self._worker is None:
+                    sends.append(self._keepalive)
+                entry = self._channels.get(channel)
+                if entry is None:
+                    sends.append(channel)
+                    entry = self._channels[channel] = _Channel(self._sent + len(sends))
+                self._sent += len(sends)
+                entry.events.add(event)
+                if self._answered >= entry.subscribed_at:
+                    confirmed.set()
+                else:
+                    self._pending.append((entry.subscribed_at, confirmed))
+            try:
+                for name in sends:
+                    self._pubsub.subscribe(name)
+                if self._worker is None:
+                    self._worker = spawn(self._listen, name="corral-redis-releases")
+            except BaseException as exc:
+                self._fail(exc)
+                self._shutdown()
+                raise
+        try:
+            if not confirmed.wait(timeout):
+                self._fail(RedisTimeoutError(f"no SUBSCRIBE confirmation within {timeout} s"))
+            with self._mutex:
+                self._raise_if_unusable()
+        except BaseException:
+            self.leave(channel, event)
+            raise
+
+    def leave(self, channel: str, event: Event) -> None:
+        """Undo one `join`; the last waiter of a channel unsubscribes."""
+        with self._send_lock:
+            with self._mutex:
+                entry = self._channels.get(channel)
+                if entry is None:
+                    return
+                entry.events.discard(event)
+                if entry.events or not self.usable:
+                    return
+                del self._channels[channel]
+                self._sent += 1
+            try:
+                # untyped in redis-py's blocking flavour only
+                self._pubsub.unsubscribe(channel)  # type: ignore[no-untyped-call,unused-ignore]
+            except Exception as exc:
+                # Nothing to report to the waiter that is leaving; the next one starts afresh.
+                self._fail(exc)
+
+    def close(self) -> None:
+        with self._mutex:
+            self.closed = True
+        self._wake_all()
+        self._shutdown()
+        worker = self._worker
+        if worker is not None:
+            worker.join()
+
+    def _raise_if_unusable(self) -> None:
+        if self.closed:
+            raise RedisConnectionError("the backend is closed")
+        if self.failure is not None:
+            raise RedisConnectionError(f"the pub/sub connection failed ({self.failure})")
+
+    def _listen(self) -> None:
+        try:
+            while self.usable:
+                message = self._pubsub.get_message(timeout=LISTEN_POLL)
+                if message is not None:
+                    self._dispatch(message)
+        except Exception as exc:
+            self._fail(exc)
+        finally:
+            self._fail(RedisConnectionError("the pub/sub listener stopped"))
+            self._shutdown()
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        kind = message.get("type")
+        ready: list[Event] = []
+        with self._mutex:
+            if kind in ("subscribe", "unsubscribe"):
+                self._answered += 1
+                waiting: list[tuple[int, Event]] = []
+                for number, confirmed in self._pending:
+                    if number <= self._answered:
+                        ready.append(confirmed)
+                    else:
+                        waiting.append((number, confirmed))
+                self._pending = waiting
+            elif kind == "message":
+                entry = self._channels.get(message["channel"])
+                if entry is not None:
+                    ready.extend(entry.events)
+        for event in ready:
+            event.set()
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._mutex:
+            if self.failure is None and not self.closed:
+                self.failure = exc
+        self._wake_all()
+
+    def _wake_all(self) -> None:
+        """Wake every waiter and every pending confirmation: they re-check, nothing hangs."""
+        with self._mutex:
+            events = [confirmed for _, confirmed in self._pending]
+            self._pending = []
+            for entry in self._channels.values():
+                events.extend(entry.events)
+        for event in events:
+            event.set()
+
+    def _shutdown(self) -> None:
+        """Close the pub/sub connection once; this also ends a read the listener is blocked in."""
+        with self._mutex:
+            if self._shut or self.pid != os.getpid():
+                return
+            self._shut = True
+        with contextlib.suppress(Exception):  # it may have failed already: best effort
+            self._pubsub.close()  # type: ignore[no-untyped-call,unused-ignore]
+
+
+class RedisWaiter(Waiter):
+    """Hears releases from every process through the backend's feed, and this process's directly.
+
+    If the feed fails, the next `wait` subscribes again on a new one and
+    reports a wake-up, so the caller re-attempts only after the new
+    subscription is confirmed: no release falls in between unheard.
+    """
+
+    def __init__(self, backend: RedisBackend, name: str) -> None:
+        super().__init__(backend.local_bus, name)
+        self._backend = backend
+        self._channel = scripts.lock_keys(backend.prefix, name).channel
+        self._feed: ReleaseFeed | None = None
+
+    def __enter__(self) -> RedisWaiter:
+        super().__enter__()
+        try:
+            self._feed = self._backend._subscribe(self._name, self._channel, self._event)
+        except BaseException:
+            super().__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        feed, self._feed = self._feed, None
+        try:
+            if feed is not None:
+                feed.leave(self._channel, self._event)
+        finally:
+            super().__exit__(exc_type, exc, tb)
+
+    def wait(self, timeout: float) -> bool:
+        feed = self._feed
+        if feed is not None and feed.usable:
+            return super().wait(timeout)
+        self._feed = None
+        if feed is not None:
+            feed.leave(self._channel, self._event)
+        try:
+            self._feed = self._backend._subscribe(self._name, self._channel, self._event)
+        except BackendError:
+            # The next attempt will report the server's state; until then, poll.
+            return super().wait(timeout)
+        self._event.clear()
+        return True
+
+
+class RedisBackend(Backend):
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        scheme="redis",
+        notifies=True,
+        cross_process=True,
+        cross_host=True,
+        linearizable=False,
+        fair=True,
+        replicas=True,
+        ttl_clock="the Redis server's clock",
+        on_client_crash=(
+            "the lock stays held until its TTL runs out on the server, then anyone may take it"
+        ),
+        on_server_restart=(
+            "without persistence (RDB/AOF) a restart forgets every lock, so a holder can "
+            "overlap with a new one; fencing tokens still increase, as they never fall "
+            "below the server's time in microseconds"
+        ),
+        on_partition=(
+            "replication is asynchronous, so a failover can promote a replica that never saw "
+            "an acquisition and grant the lock twice; replicas=N narrows that window but is "
+            "not consensus"
+        ),
+        on_memory_pressure=(
+            "any maxmemory-policy but noeviction can evict a held lock (locks carry a TTL, so "
+            "volatile-* policies pick them too, volatile-ttl first); use noeviction, where "
+            "a full Redis refuses new locks instead"
+        ),
+    )
+
+    def __init__(
+        self,
+        *,
+        pool: ConnectionPool,
+        pubsub_pool: ConnectionPool,
+        server: str,
+        prefix: str = scripts.DEFAULT_PREFIX,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
+        super().__init__()
+        self.prefix = scripts.check_prefix(prefix)
+        self._server = server
+        self._timeout = timeout
+        self._pool = pool
+        self._pubsub_pool = pubsub_pool
+        self._client = Redis(connection_pool=pool)
+        self._acquire = self._client.register_script(scripts.ACQUIRE)
+        self._release = self._client.register_script(scripts.RELEASE)
+        self._extend = self._client.register_script(scripts.EXTEND)
+        self._inspect = self._client.register_script(scripts.INSPECT)
+        self._force_release = self._client.register_script(scripts.FORCE_RELEASE)
+        self._leave_queue = self._client.register_script(scripts.LEAVE_QUEUE)
+        self._feed_mutex = threading.Lock()
+        self._feed: ReleaseFeed | None = None
+
+    @classmethod
+    def from_url(cls, url: str, *, clock: Clock, **options: Any) -> RedisBackend:
+        """Open a backend on `url`; the clock is unused, as the server's clock decides expiry."""
+        unknown = sorted(set(options) - _OPTIONS)
+        if unknown:
+            raise ConfigError(
+                f"{redact(url)}: unknown option(s) {', '.join(unknown)}; "
+                f"the redis backend takes {', '.join(sorted(_OPTIONS))}"
+            )
+        scheme = urlsplit(url).scheme.lower()
+        ssl = {key: options[key] for key in _SSL_OPTIONS & set(options)}
+        if ssl and scheme != "rediss":
+            raise ConfigError(
+                f"{redact(url)}: {', '.join(sorted(ssl))} need(s) a rediss:// URL (TLS)"
+            )
+        prefix = scripts.check_prefix(options.get("prefix", scripts.DEFAULT_PREFIX))
+        timeout = _check_timeout(options.get("timeout", DEFAULT_TIMEOUT))
+        max_connections = _check_max_connections(options.get("max_connections"))
+        common: dict[str, Any] = {
+            "socket_timeout": timeout,
+            "socket_connect_timeout": timeout,
+            "decode_responses": True,
+            **ssl,
+        }
+        try:
+            if max_connections is None:
+                # No retries: a call fails within `timeout` instead of several times it,
+                # and the lock logic decides what a failure means.
+                pool = ConnectionPool.from_url(url, retry=Retry(NoBackoff(), 0), **common)
+            else:
+                # Callers beyond the limit wait for a connection, up to the timeout.
+                pool = BlockingConnectionPool.from_url(
+                    url,
+                    retry=Retry(NoBackoff(), 0),
+                    max_connections=max_connections,
+                    timeout=timeout,
+                    **common,
+                )
+            # The feed must notice every failure itself (a silent reconnect would
+            # hide missed messages), so redis-py may not retry or reconnect it.
+            pubsub_pool = ConnectionPool.from_url(
+                url, retry=Retry(NoBackoff(), 0, supported_errors=()), **common
+            )
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"{redact(url)}: not a valid Redis URL ({exc})") from exc
+        params = pool.connection_kwargs
+        host = str(params.get("host", "localhost"))
+        netloc = f"[{host}]" if ":" in host else host
+        netloc = f"{netloc}:{params.get('port', 6379)}"
+        parts = urlsplit(url)
+        if parts.password:
+            netloc = f"{parts.username or ''}:{parts.password}@{netloc}"
+        elif parts.username:
+            netloc = f"{parts.username}@{netloc}"
+        server = redact(urlunsplit((scheme, netloc, f"/{params.get('db', 0)}", "", "")))
+        return cls(
+            pool=pool, pubsub_pool=pubsub_pool, server=server, prefix=prefix, timeout=timeout
+        )
+
+    @property
+    def server(self) -> str:
+        return self._server
+
+    # -- errors -----------------------------------------------------------------
+
+    def _error(self, exc: BaseException, name: str, action: str) -> BackendError:
+        """The corral error for a redis-py failure: names the lock and server, says what to do."""
+        where = f"lock {name!r} on {self._server}: could not {action} it"
+        if isinstance(exc, AuthenticationError):
+            return BackendUnavailable(
+                f"{where}: Redis refused the credentials ({exc}); check the user and "
+                "password in the URL"
+            )
+        if isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError)):
+            return BackendUnavailable(
+                f"{where}: the server is unreachable or did not answer within "
+                f"{self._timeout:g} s ({exc}); check that Redis is running and reachable "
+                "from here, or raise timeout="
+            )
+        if isinstance(exc, ReadOnlyError):
+            return BackendError(
+                f"{where}: the server is a read-only replica ({exc}); point the URL at the master"
+            )
+        return BackendError(
+            f"{where}: Redis answered with an error ({exc}); check the server's logs, "
+            "its ACL permissions (EVALSHA, PUBLISH, SUBSCRIBE) and maxmemory settings"
+        )
+
+    # -- primitives ---------------------------------------------------------------
+
+    def _run(self, script: Script, name: str, action: str, keys: list[str], args: list[str]) -> Any:
+        try:
+            return script(keys=keys, args=args)
+        except (RedisError, OSError) as exc:
+            raise self._error(exc, name, action) from exc
+
+    def try_acquire(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        *,
+        queue_ttl: float | None = None,
+        replicas: int = 0,
+        replica_timeout: float = 1.0,
+    ) -> Attempt:
+        keys = scripts.lock_keys(self.prefix, name)
+        script_keys = [keys.lock, keys.fence, keys.queue, keys.queue_expiry]
+        args = [owner, str(_ms(ttl)), "" if queue_ttl is None else str(_ms(queue_ttl))]
+        acked: int | None = None
+        if replicas:
+            result, acked = self._acquire_and_wait(
+                name, script_keys, args, replicas, replica_timeout
+            )
+        else:
+            result = self._run(self._acquire, name, "acquire", script_keys, args)
+        granted, number = int(result[0]), int(result[1])
+        if granted:
+            return Attempt(True, token=number, replicas_acked=acked)
+        return Attempt(False, holder_ttl=number / 1000 if number >= 0 else None)
+
+    def _acquire_and_wait(
+        self, name: str, keys: list[str], args: list[str], replicas: int, replica_timeout: float
+    ) -> tuple[Any, int]:
+        """The script and WAIT in one pipeline: WAIT counts only its own connection's writes."""
+        wait_ms = min(_ms(replica_timeout), _ms(self._timeout * WAIT_SHARE))
+        try:
+            result, acked = self._pipelined_acquire(keys, args, replicas, wait_ms, True)
+            if isinstance(result, NoScriptError):
+                # The server lost its script cache (restart, SCRIPT FLUSH): send the text once.
+                result, acked = self._pipelined_acquire(keys, args, replicas, wait_ms, False)
+            for answer in (result, acked):
+                if isinstance(answer, Exception):
+                    raise answer
+        except (RedisError, OSError) as exc:
+            raise self._error(exc, name, "acquire") from exc
+        return result, int(acked)
+
+    def _pipelined_acquire(
+        self, keys: list[str], args: list[str], replicas: int, wait_ms: int, by_sha: bool
+    ) -> list[Any]:
+        # redis-py's Script in a pipeline would first send SCRIPT EXISTS: a second round trip.
+        with self._client.pipeline(transaction=False) as pipe:
+            if by_sha:
+                pipe.evalsha(self._acquire.sha, len(keys), *keys, *args)
+            else:
+                pipe.eval(scripts.ACQUIRE, len(keys), *keys, *args)
+            pipe.wait(replicas, wait_ms)
+            results: list[Any] = pipe.execute(raise_on_error=False)
+        return results
+
+    def release(self, name: str, owner: str, hold_for: float = 0.0) -> Outcome:
+        keys = scripts.lock_keys(self.prefix, name)
+        hold = str(_ms(hold_for)) if hold_for > 0 else "0"
+        result = self._run(self._release, name, "release", [keys.lock], [owner, hold, keys.channel])
+        outcome = _OUTCOMES[int(result)]
+        if outcome is Outcome.OK and hold_for <= 0:
+            self.local_bus.notify(name)
+        return outcome
+
+    def extend(self, name: str, owner: str, ttl: float) -> Outcome:
+        keys = scripts.lock_keys(self.prefix, name)
+        result = self._run(self._extend, name, "extend", [keys.lock], [owner, str(_ms(ttl))])
+        return _OUTCOMES[int(result)]
+
+    def inspect(self, name: str) -> LockInfo | None:
+        keys = scripts.lock_keys(self.prefix, name)
+        result = self._run(self._inspect, name, "inspect", [keys.lock], [])
+        if result is None:
+            return None
+        value, pttl = str(result[0]), int(result[1])
+        token, _, owner = value.partition(":")
+        if not token.isdigit():
+            raise BackendError(
+                f"lock {name!r} on {self._server}: {keys.lock} holds {value!r}, which corral "
+                "did not write; another program uses the same key prefix (choose another prefix=)"
+            )
+        ttl = pttl / 1000 if pttl >= 0 else math.inf
+        return LockInfo(name, owner or None, int(token), ttl)
+
+    def force_release(self, name: str) -> bool:
+        keys = scripts.lock_keys(self.prefix, name)
+        result = self._run(self._force_release, name, "force-release", [keys.lock], [keys.channel])
+        if int(result):
+            self.local_bus.notify(name)
+        return bool(int(result))
+
+    def leave_queue(self, name: str, owner: str) -> None:
+        keys = scripts.lock_keys(self.prefix, name)
+        result = self._run(
+            self._leave_queue,
+            name,
+            "leave the queue of",
+            [keys.queue, keys.queue_expiry],
+            [owner, keys.channel],
+        )
+        if int(result):
+            self.local_bus.notify(name)
+
+    # -- wake-ups -------------------------------------------------------------------
+
+    def waiter(self, name: str) -> RedisWaiter:
+        return RedisWaiter(self, name)
+
+    def _current_feed(self) -> ReleaseFeed:
+        with self._feed_mutex:
+            feed = self._feed
+            # A forked child must not share its parent's connection or (vanished) listener.
+            if feed is None or not feed.usable:
+                feed = self._feed = ReleaseFeed(
+                    self._pubsub_pool, scripts.feed_channel(self.prefix)
+                )
+            return feed
+
+    def _subscribe(self, name: str, channel: str, event: Event) -> ReleaseFeed:
+        feed = self._current_feed()
+        try:
+            feed.join(channel, event, self._timeout)
+        except (RedisError, OSError) as exc:
+            raise self._error(exc, name, "wait for") from exc
+        return feed
+
+    def close(self) -> None:
+        with self._feed_mutex:
+            feed, self._feed = self._feed, None
+        if feed is not None and feed.pid == os.getpid():
+            feed.close()
+        self._client.close()
+        self._pool.disconnect()
+        self._pubsub_pool.disconnect()

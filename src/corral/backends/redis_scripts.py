@@ -1,0 +1,195 @@
+"""The Redis backend's Lua scripts and key names, shared by both flavours.
+
+Each primitive's check and change must happen as one step on the server (a
+compare-and-delete that reads the owner and then deletes is a race if it is two
+commands), and each should cost one round trip. A Lua script gives both, where
+WATCH/MULTI needs several round trips and retries under contention. The scripts
+touch only the keys they are given, all carrying the lock's hash tag, so they
+stay valid on Redis Cluster; channels travel as arguments, since PUBLISH is not
+bound to a slot.
+
+The scripts read expiry and arrival time from the server (`PX`, `PTTL`,
+`TIME`), never from a client, so clients with skewed clocks still agree. Using
+`TIME` before writing needs script effects replication: the default since
+Redis 5 and the only mode since Redis 7 (`redis.replicate_commands()` turns it
+on for 3.2 to 4).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from corral.errors import ConfigError
+
+__all__ = [
+    "ACQUIRE",
+    "DEFAULT_PREFIX",
+    "EXTEND",
+    "FORCE_RELEASE",
+    "INSPECT",
+    "LEAVE_QUEUE",
+    "RELEASE",
+    "LockKeys",
+    "check_prefix",
+    "feed_channel",
+    "lock_keys",
+]
+
+DEFAULT_PREFIX = "corral"
+
+
+class LockKeys(NamedTuple):
+    """Everything one lock name uses on the server."""
+
+    lock: str
+    """`"<token>:<owner>"` with a PX TTL; `"<token>:"` while closed by `hold_for`."""
+    fence: str
+    """The last fencing token handed out; never expires, so tokens never repeat."""
+    queue: str
+    """Fair waiters, scored by arrival number (a ZSET keeps them in order)."""
+    queue_expiry: str
+    """The same waiters, scored by the server time (ms) their place expires."""
+    channel: str
+    """Pub/sub channel announcing that the lock became free."""
+
+
+def _tag(name: str) -> str:
+    # Redis hashes the text between the first "{" and the next "}"; an escaped name
+    # can hold neither, so every key of one lock hashes the same non-empty tag, and
+    # escaping "%" first keeps distinct names distinct.
+    return name.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+
+
+def lock_keys(prefix: str, name: str) -> LockKeys:
+    """The keys of lock `name`, e.g. `corral:{report}:lock`, all in one cluster slot."""
+    base = f"{prefix}:{{{_tag(name)}}}"
+    return LockKeys(
+        lock=f"{base}:lock",
+        fence=f"{base}:fence",
+        queue=f"{base}:queue",
+        queue_expiry=f"{base}:queue:expiry",
+        channel=f"{base}:released",
+    )
+
+
+def feed_channel(prefix: str) -> str:
+    """A channel nobody publishes on; subscribing to it keeps a listener's connection busy."""
+    return f"{prefix}:feed"
+
+
+def check_prefix(prefix: object) -> str:
+    if not isinstance(prefix, str) or not prefix:
+        raise ConfigError(f"prefix must be a non-empty str, got {prefix!r}")
+    if "{" in prefix or "}" in prefix:
+        # A brace in the prefix would become the hash tag and put every lock in one slot.
+        raise ConfigError(f"prefix must not contain '{{' or '}}', got {prefix!r}")
+    return prefix
+
+
+# KEYS: lock, fence, queue, queue_expiry
+# ARGV: owner, ttl (ms), queue ttl (ms, or "" for an unfair lock)
+# Returns {1, token} when acquired; else {0, the holder's PTTL in ms, or -2 when the
+# lock is free but another fair waiter is ahead}.
+#
+# The token is the stored counter plus one, but never less than the server time in
+# microseconds: a counter lost with a restart (no persistence) or a failover (async
+# replication) would otherwise start again below tokens already handed out.
+ACQUIRE = """
+if redis.replicate_commands then redis.replicate_commands() end
+local owner, ttl, queue_ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local time = redis.call('TIME')
+if queue_ttl then
+  local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)) do
+    redis.call('ZREM', KEYS[3], gone)
+    redis.call('ZREM', KEYS[4], gone)
+  end
+  if not redis.call('ZSCORE', KEYS[3], owner) then
+    local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
+    local arrival = 1
+    if last[2] then arrival = tonumber(last[2]) + 1 end
+    redis.call('ZADD', KEYS[3], arrival, owner)
+  end
+  redis.call('ZADD', KEYS[4], now + queue_ttl, owner)
+  for _, key in ipairs({KEYS[3], KEYS[4]}) do
+    if redis.call('PTTL', key) < queue_ttl then redis.call('PEXPIRE', key, queue_ttl) end
+  end
+end
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl ~= -2 then return {0, pttl} end
+if queue_ttl then
+  if redis.call('ZRANGE', KEYS[3], 0, 0)[1] ~= owner then return {0, -2} end
+  redis.call('ZREM', KEYS[3], owner)
+  redis.call('ZREM', KEYS[4], owner)
+end
+local token = math.max(
+  (tonumber(redis.call('GET', KEYS[2])) or 0) + 1,
+  tonumber(time[1]) * 1000000 + tonumber(time[2]))
+token = string.format('%d', token)
+redis.call('SET', KEYS[2], token)
+redis.call('SET', KEYS[1], token .. ':' .. owner, 'PX', ttl)
+return {1, tonumber(token)}
+"""
+
+# KEYS: lock
+# ARGV: owner, hold_for (ms; 0 deletes), channel
+# Returns 1 released (OK), 0 nobody holds it (EXPIRED), -1 another owner does (LOST).
+RELEASE = """
+local value = redis.call('GET', KEYS[1])
+if not value then return 0 end
+local sep = string.find(value, ':', 1, true)
+if not sep or string.sub(value, sep + 1) ~= ARGV[1] then return -1 end
+local hold = tonumber(ARGV[2])
+if hold > 0 then
+  redis.call('SET', KEYS[1], string.sub(value, 1, sep), 'PX', hold)
+else
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[3], 'released')
+end
+return 1
+"""
+
+# KEYS: lock
+# ARGV: owner, ttl (ms)
+# Returns 1 extended (OK), 0 nobody holds it (EXPIRED), -1 another owner does (LOST).
+EXTEND = """
+local value = redis.call('GET', KEYS[1])
+if not value then return 0 end
+local sep = string.find(value, ':', 1, true)
+if not sep or string.sub(value, sep + 1) ~= ARGV[1] then return -1 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+
+# KEYS: lock
+# Returns nil when free, else {value, PTTL in ms}, read at one instant.
+INSPECT = """
+local value = redis.call('GET', KEYS[1])
+if not value then return false end
+return {value, redis.call('PTTL', KEYS[1])}
+"""
+
+# KEYS: lock
+# ARGV: channel
+# Returns 1 when something was held (and waiters were told), else 0.
+FORCE_RELEASE = """
+if redis.call('DEL', KEYS[1]) == 1 then
+  redis.call('PUBLISH', ARGV[1], 'forced')
+  return 1
+end
+return 0
+"""
+
+# KEYS: queue, queue_expiry
+# ARGV: owner, channel
+# Returns 1 when the owner was at the head (the next waiter was told to try), else 0.
+LEAVE_QUEUE = """
+local head = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+if head == ARGV[1] then
+  redis.call('PUBLISH', ARGV[2], 'left')
+  return 1
+end
+return 0
+"""

@@ -1,0 +1,101 @@
+"""What every subcommand shares: exit statuses, the --url option, messages on stderr.
+
+Scripts and cron wrappers branch on corral's exit status, so the statuses are
+fixed here once and documented in every command's --help. Messages go to
+stderr as one line each, because stdout belongs to the command being run (or
+to whoever parses `status --json`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from corral.core.primitives import LockInfo
+from corral.errors import BackendError, ConfigError, CorralError, LockExpired, LockLost
+
+__all__ = [
+    "EX_CANNOT_EXECUTE",
+    "EX_CONFIG",
+    "EX_INTERRUPTED",
+    "EX_LOCK_LOST",
+    "EX_NOT_FOUND",
+    "EX_TEMPFAIL",
+    "EX_UNAVAILABLE",
+    "CliError",
+    "add_url_argument",
+    "describe_info",
+    "one_line",
+    "say",
+    "seconds",
+    "status_for",
+]
+
+# argparse already exits 2 on bad usage; bad values and configuration join it.
+EX_CONFIG = 2
+# sysexits.h: the service (here, the lock backend) is unavailable.
+EX_UNAVAILABLE = 69
+# sysexits.h EX_SOFTWARE: the lock was lost under a running command.
+EX_LOCK_LOST = 70
+# sysexits.h EX_TEMPFAIL: try again later; what cron wrappers retry on.
+EX_TEMPFAIL = 75
+# What shells return for a command that cannot be executed / is not found.
+EX_CANNOT_EXECUTE = 126
+EX_NOT_FOUND = 127
+# A process ended by signal N exits 128+N in shells; SIGINT is 2.
+EX_INTERRUPTED = 130
+
+COMMON_STATUSES = """\
+  2    bad arguments or configuration (bad URL, --ttl <= 0, ...)
+  69   the backend is unavailable (server down, unreachable, or answered with an error)"""
+
+
+class CliError(Exception):
+    """A failure the user can act on: reported as one line, without a traceback."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def status_for(error: CorralError) -> int:
+    """Which exit status a corral error maps to, so scripts can tell retry from fix."""
+    if isinstance(error, ConfigError):
+        return EX_CONFIG
+    if isinstance(error, BackendError):
+        return EX_UNAVAILABLE
+    if isinstance(error, (LockLost, LockExpired)):
+        return EX_LOCK_LOST
+    return 1
+
+
+def add_url_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--url",
+        metavar="URL",
+        default=None,
+        help="the lock server (default: $CORRAL_URL, else an SQLite file in the user's cache)",
+    )
+
+
+def one_line(text: str) -> str:
+    """Collapse a message to one line: on-call readers grep logs line by line."""
+    return " ".join(text.split())
+
+
+def say(message: str) -> None:
+    print(f"corral: {one_line(message)}", file=sys.stderr, flush=True)
+
+
+def seconds(value: float) -> str:
+    return f"{value:.1f} s"
+
+
+def describe_info(info: LockInfo) -> str:
+    """Who keeps a lock closed and for how long, in the words every command uses."""
+    if info.owner is None:
+        return (
+            f"closed by its last holder's hold_for, fencing token {info.token}, "
+            f"{seconds(info.ttl)} left"
+        )
+    return f"held by {info.owner}, fencing token {info.token}, {seconds(info.ttl)} left"

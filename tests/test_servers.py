@@ -1,0 +1,481 @@
+"""Tests for the throwaway servers every backend test is built on.
+
+If these helpers leak a process, reuse a port or report "ready" too early,
+backend tests fail in ways that look like corral bugs, so they are checked
+against the same real binaries here.  A missing binary is a skip on a
+developer machine but a failure in CI, where a silently skipped backend would
+ship untested.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import psycopg
+import pytest
+import redis
+from pymemcache.client.base import Client as MemcacheClient
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from corral.testing import servers
+from corral.testing.servers import (
+    EtcdServer,
+    ServerProcess,
+    ServerStartError,
+    ServerUnavailable,
+    free_port,
+    require_binary,
+    start_etcd,
+    start_etcd_cluster,
+    start_memcached,
+    start_postgres,
+    start_redis,
+)
+
+T = TypeVar("T")
+
+
+def _ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _started(factory: Callable[[], T]) -> T:
+    try:
+        return factory()
+    except ServerUnavailable as exc:
+        if _ci():
+            pytest.fail(f"CI is set, so a missing server is an error: {exc}", pytrace=False)
+        pytest.skip(str(exc))
+
+
+@pytest.fixture
+def launch() -> Iterator[Callable[[Callable[[], Any]], Any]]:
+    """Start servers through this so they are stopped even when a test fails."""
+    started: list[Any] = []
+
+    def _launch(factory: Callable[[], Any]) -> Any:
+        server = _started(factory)
+        started.append(server)
+        return server
+
+    yield _launch
+    for server in reversed(started):
+        server.stop()
+
+
+def _alive(pid: int) -> bool:
+    """True if ``pid`` runs; a zombie nobody has reaped yet counts as dead."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def _group_alive(pgid: int) -> bool:
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+def _assert_gone(server: ServerProcess, pid: int) -> None:
+    assert not server.is_running
+    assert not _alive(pid), f"pid {pid} still runs after stop()"
+    assert not _group_alive(pid), f"helpers of pid {pid} survived stop()"
+
+
+def _eventually(check: Callable[[], T], timeout: float = 15.0) -> T:
+    """Retry ``check`` until it stops raising; for leader elections and replication."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return check()
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def _redis_client(server: servers.RedisServer, **kwargs: Any) -> redis.Redis:
+    # No retries: the tests below want the first failure, not the fourth.
+    return redis.Redis(host=server.host, port=server.port, retry=Retry(NoBackoff(), 0), **kwargs)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def test_free_port_is_bindable_on_loopback() -> None:
+    port = free_port()
+    assert 1024 <= port <= 65535
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+
+
+def test_free_port_avoids_standard_ports() -> None:
+    assert {free_port() for _ in range(20)}.isdisjoint({6379, 5432, 11211, 2379, 2380})
+
+
+def test_require_binary_finds_executables() -> None:
+    assert os.access(require_binary("sh"), os.X_OK)
+
+
+def test_require_binary_names_the_debian_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "")
+    monkeypatch.setattr(servers, "_EXTRA_BIN_DIRS", ())
+    monkeypatch.setattr(servers, "_postgres_bindirs", lambda: ())
+    with pytest.raises(ServerUnavailable, match="apt-get install -y etcd-server"):
+        require_binary("etcd")
+    with pytest.raises(ServerUnavailable, match="apt-get install -y postgresql"):
+        require_binary("initdb")
+    with pytest.raises(ServerUnavailable, match="corral-no-such-binary"):
+        require_binary("corral-no-such-binary")
+
+
+# --------------------------------------------------------------------------- Redis
+
+
+def test_redis_answers_and_stop_ends_the_process(tmp_path: Path) -> None:
+    server = _started(lambda: start_redis(tmp_path))
+    try:
+        assert server.url == f"redis://127.0.0.1:{server.port}/0"
+        assert server.port not in (6379, 0)
+        client = _redis_client(server)
+        assert client.ping()
+        client.set("k", "v")
+        assert client.get("k") == b"v"
+        assert server.workdir.parent == tmp_path
+        assert server.log_path.is_file()
+        client.close()
+    finally:
+        pid = server.pid
+        server.stop()
+    _assert_gone(server, pid)
+    server.stop()  # idempotent
+
+
+def test_redis_restart_keeps_the_port(launch: Callable[..., Any], tmp_path: Path) -> None:
+    server = launch(lambda: start_redis(tmp_path))
+    port, first_pid = server.port, server.pid
+    server.kill()
+    assert not _alive(first_pid)
+    server.restart()
+    assert server.port == port
+    assert server.pid != first_pid
+    assert _redis_client(server).ping()
+    server.restart()  # from running, too
+    assert _redis_client(server).ping()
+
+
+def test_redis_pause_makes_it_hang_until_resume(launch: Callable[..., Any], tmp_path: Path) -> None:
+    server = launch(lambda: start_redis(tmp_path))
+    client = _redis_client(server, socket_timeout=0.5)
+    assert client.ping()
+    server.pause()
+    try:
+        with pytest.raises(redis.TimeoutError):
+            client.ping()
+    finally:
+        server.resume()
+    assert _redis_client(server).ping()
+
+
+def test_stopping_a_paused_server_works(tmp_path: Path) -> None:
+    server = _started(lambda: start_redis(tmp_path))
+    pid = server.pid
+    server.pause()
+    started = time.monotonic()
+    server.stop()
+    assert time.monotonic() - started < 5
+    _assert_gone(server, pid)
+
+
+def test_redis_password_refuses_unauthenticated_clients(
+    launch: Callable[..., Any], tmp_path: Path
+) -> None:
+    server = launch(lambda: start_redis(tmp_path, password="s3cret/with:odd@chars"))
+    with pytest.raises(redis.AuthenticationError):
+        _redis_client(server).ping()
+    assert server.url == (f"redis://:s3cret%2Fwith%3Aodd%40chars@127.0.0.1:{server.port}/0")
+    assert redis.Redis.from_url(server.url).ping()
+    assert _redis_client(server, password=server.password).ping()
+    acl = _redis_client(server, username=server.username, password=server.password)
+    assert acl.acl_whoami() == "corral"
+
+
+def test_redis_tls_verifies_with_the_generated_ca(
+    launch: Callable[..., Any], tmp_path: Path
+) -> None:
+    server = launch(lambda: start_redis(tmp_path, tls=True))
+    assert server.url == f"rediss://127.0.0.1:{server.port}/0"
+    assert server.ca_file is not None and server.ca_file.is_file()
+    assert server.cert_file is not None and server.cert_file.is_file()
+    assert server.key_file is not None and server.key_file.is_file()
+    client = _redis_client(server, ssl=True, ssl_ca_certs=str(server.ca_file))
+    assert client.ping()
+    assert redis.Redis.from_url(server.url, ssl_ca_certs=str(server.ca_file)).ping()
+    with pytest.raises(redis.ConnectionError):
+        _redis_client(server, socket_timeout=2).ping()  # plain text on the TLS port
+    with pytest.raises(redis.ConnectionError):
+        _redis_client(server, ssl=True, socket_timeout=2).ping()  # system CAs do not know it
+
+
+def test_redis_replica_follows_its_master(launch: Callable[..., Any], tmp_path: Path) -> None:
+    master = launch(lambda: start_redis(tmp_path))
+    replica = launch(lambda: start_redis(tmp_path, replica_of=master))
+    assert replica.workdir != master.workdir
+    info = _redis_client(replica).info("replication")
+    assert info["role"] == "slave"
+    assert info["master_link_status"] == "up"
+    assert info["master_port"] == master.port
+    _redis_client(master).set("replicated", "yes")
+
+    def replicated() -> None:
+        assert _redis_client(replica).get("replicated") == b"yes"
+
+    _eventually(replicated, timeout=5)
+
+
+def test_redis_replica_of_a_password_master(launch: Callable[..., Any], tmp_path: Path) -> None:
+    master = launch(lambda: start_redis(tmp_path, password="pw"))
+    replica = launch(lambda: start_redis(tmp_path, replica_of=master))
+    assert _redis_client(replica).info("replication")["master_link_status"] == "up"
+
+
+def test_start_error_carries_the_server_log(tmp_path: Path) -> None:
+    server = _started(lambda: start_redis(tmp_path))
+    try:
+        server.stop()
+        with socket.socket() as squatter:
+            squatter.bind(("127.0.0.1", server.port))
+            squatter.listen()
+            with pytest.raises(ServerStartError) as info:
+                server.start()
+        assert info.value.port_in_use
+        assert "already in use" in str(info.value)
+        assert str(server.log_path) in str(info.value)
+        assert not server.is_running
+        server.start()  # the port is free again
+        assert _redis_client(server).ping()
+    finally:
+        server.stop()
+
+
+def test_port_taken_before_the_server_binds_is_retried(
+    launch: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Simulates a parallel test run grabbing the port between free_port() and bind().
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        ports = iter([taken])
+        real_free_port = servers.free_port
+        monkeypatch.setattr(servers, "free_port", lambda: next(ports, None) or real_free_port())
+        server = launch(lambda: start_redis(tmp_path))
+        assert server.port != taken
+        assert _redis_client(server).ping()
+        assert "already in use" in server.log_path.read_text()
+
+
+# --------------------------------------------------------------------------- memcached
+
+
+def test_memcached_answers_and_stops(tmp_path: Path) -> None:
+    server = _started(lambda: start_memcached(tmp_path, memory_mb=16))
+    try:
+        assert server.url == f"memcached://127.0.0.1:{server.port}"
+        client = MemcacheClient((server.host, server.port), connect_timeout=2, timeout=2)
+        assert client.set("k", b"v", noreply=False)
+        assert client.get("k") == b"v"
+        assert client.stats()[b"limit_maxbytes"] == 16 * 1024 * 1024
+        client.close()
+    finally:
+        pid = server.pid
+        server.stop()
+    _assert_gone(server, pid)
+
+
+# --------------------------------------------------------------------------- etcd
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def _etcd_put(member: EtcdServer, key: str, value: str) -> None:
+    with httpx.Client(base_url=member.client_url, timeout=3, trust_env=False) as http:
+        response = http.post("/v3/kv/put", json={"key": _b64(key), "value": _b64(value)})
+        response.raise_for_status()
+        assert "header" in response.json()
+
+
+def _etcd_get(member: EtcdServer, key: str) -> str | None:
+    with httpx.Client(base_url=member.client_url, timeout=3, trust_env=False) as http:
+        response = http.post("/v3/kv/range", json={"key": _b64(key)})
+        response.raise_for_status()
+        kvs = response.json().get("kvs", [])
+        return base64.b64decode(kvs[0]["value"]).decode() if kvs else None
+
+
+def test_etcd_answers_health_and_kv(tmp_path: Path) -> None:
+    server = _started(lambda: start_etcd(tmp_path))
+    try:
+        assert server.url == f"etcd://127.0.0.1:{server.port}"
+        assert server.peer_port not in (server.port, 2379, 2380)
+        health = httpx.get(f"{server.client_url}/health", timeout=3, trust_env=False)
+        assert health.json()["health"] == "true"
+        _etcd_put(server, "corral/test", "hello")
+        assert _etcd_get(server, "corral/test") == "hello"
+        assert _etcd_get(server, "corral/missing") is None
+    finally:
+        pid = server.pid
+        server.stop()
+    _assert_gone(server, pid)
+
+
+def test_etcd_cluster_survives_losing_a_member(tmp_path: Path) -> None:
+    cluster = _started(lambda: start_etcd_cluster(tmp_path, size=3))
+    try:
+        assert len(cluster.members) == 3
+        ports = [m.port for m in cluster.members]
+        assert len(set(ports)) == 3
+        assert cluster.url == "etcd://" + ",".join(f"127.0.0.1:{p}" for p in ports)
+        assert len({m.name for m in cluster.members}) == 3
+        first, second, third = cluster.members
+        _etcd_put(first, "before", "1")
+        pid = first.pid
+        first.stop()
+        _assert_gone(first, pid)
+        # The stopped member may have been the leader: allow for an election.
+        _eventually(lambda: _etcd_put(second, "after", "2"))
+        assert _eventually(lambda: _etcd_get(third, "after")) == "2"
+        assert _etcd_get(third, "before") == "1"
+        assert second.is_running and third.is_running
+    finally:
+        pids = [m.pid for m in cluster.members]
+        cluster.stop()
+    for member, pid in zip(cluster.members, pids, strict=True):
+        _assert_gone(member, pid)
+
+
+# --------------------------------------------------------------------------- PostgreSQL
+
+
+def test_postgres_answers_and_keeps_data_across_restart(tmp_path: Path) -> None:
+    server = _started(lambda: start_postgres(tmp_path))
+    try:
+        assert server.url == f"postgresql://corral@127.0.0.1:{server.port}/corral"
+        assert server.port != 5432
+        with psycopg.connect(server.url, connect_timeout=5, autocommit=True) as conn:
+            row = conn.execute("select current_user, current_database(), 1").fetchone()
+            assert row == ("corral", "corral", 1)
+            encoding = conn.execute("show server_encoding").fetchone()
+            assert encoding == ("UTF8",)
+            conn.execute("create table kept (v int)")
+            conn.execute("insert into kept values (42)")
+        # A client still connected must not block the stop (fast shutdown).
+        idle = psycopg.connect(server.url, connect_timeout=5)
+        old_pid = server.pid
+        server.restart()
+        assert not _group_alive(old_pid)
+        idle.close()
+        with psycopg.connect(server.url, connect_timeout=5) as conn:
+            assert conn.execute("select v from kept").fetchone() == (42,)
+    finally:
+        pid = server.pid
+        server.stop()
+    _assert_gone(server, pid)
+
+
+def test_postgres_recovers_after_kill(launch: Callable[..., Any], tmp_path: Path) -> None:
+    server = launch(lambda: start_postgres(tmp_path))
+    pid = server.pid
+    server.kill()
+    assert not _group_alive(pid), "backends outlived a killed postmaster"
+    server.restart()
+    with psycopg.connect(server.url, connect_timeout=5) as conn:
+        assert conn.execute("select 1").fetchone() == (1,)
+
+
+def test_postgres_in_a_deeply_nested_workdir(launch: Callable[..., Any], tmp_path: Path) -> None:
+    # Unix socket paths are limited to 107 bytes; a long tmp_path must not
+    # stop PostgreSQL from starting.
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    server = launch(lambda: start_postgres(deep))
+    assert len(str(server.socket_dir / f".s.PGSQL.{server.port}")) < 108
+    with psycopg.connect(server.url, connect_timeout=5) as conn:
+        assert conn.execute("select 1").fetchone() == (1,)
+
+
+# --------------------------------------------------------------------------- cleanup
+
+
+def _run_child(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
+    src = Path(servers.__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]))
+    script = textwrap.dedent(
+        """
+        import os, signal, sys
+        from pathlib import Path
+        from corral.testing.servers import ServerUnavailable, start_redis
+        try:
+            server = start_redis(Path(sys.argv[1]))
+        except ServerUnavailable as exc:
+            print("unavailable", exc, flush=True)
+            sys.exit(0)
+        print(server.pid, flush=True)
+        """
+    ) + textwrap.dedent(body)
+    return subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+
+
+def _child_server_pid(result: subprocess.CompletedProcess[str]) -> int:
+    first = result.stdout.split("\n", 1)[0]
+    if first.startswith("unavailable"):
+        if _ci():
+            pytest.fail(first, pytrace=False)
+        pytest.skip(first)
+    assert first.isdigit(), result.stdout + result.stderr
+    return int(first)
+
+
+def test_crashed_test_run_leaves_no_server_behind(tmp_path: Path) -> None:
+    result = _run_child(tmp_path, "raise RuntimeError('test run crashed')")
+    pid = _child_server_pid(result)
+    assert "test run crashed" in result.stderr
+    assert not _alive(pid)
+
+
+@pytest.mark.skipif(servers._setpriv() is None, reason="setpriv --pdeathsig unavailable")
+def test_killed_test_run_leaves_no_server_behind(tmp_path: Path) -> None:
+    result = _run_child(tmp_path, "os.kill(os.getpid(), signal.SIGKILL)")
+    pid = _child_server_pid(result)
+    assert result.returncode == -signal.SIGKILL
+
+    def gone() -> None:
+        assert not _alive(pid)
+
+    _eventually(gone, timeout=10)
