@@ -14,6 +14,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,6 +86,18 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         raise
     yield server
     server.stop()
+
+
+def start_server(backend_name: str, workdir: Path) -> Any:
+    """A fresh server of this backend for one test that will stop or pause it."""
+    from corral.testing.servers import ServerUnavailable, start_redis
+
+    starters = {"redis": start_redis}
+    try:
+        return starters[backend_name](workdir)
+    except ServerUnavailable as exc:
+        server_missing(str(exc))
+        raise
 
 
 @pytest.fixture(scope="session")

@@ -5,20 +5,24 @@ Written once; a backend added to the contract suite inherits every test here.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import corral
+import corral.aio
+from tests.conftest import start_server
 
 pytestmark = pytest.mark.capability("cross_process")
 
@@ -130,3 +134,65 @@ def test_racing_processes_never_overlap_and_tokens_increase(
     for before, after in itertools.pairwise(records):
         assert before["end"] <= after["start"], f"two holders overlapped: {before} {after}"
         assert before["token"] < after["token"], f"tokens went backwards: {before} {after}"
+
+
+TIMEOUT = 1.0
+
+
+def wait_on_dead_server(url: str, name: str, flavour: str, fault: Callable[[], None]) -> float:
+    """Hold the lock, start a waiter that would wait forever, inflict `fault` on the server,
+    and return how long the waiter took to fail with BackendUnavailable after it."""
+    if flavour == "sync":
+        with corral.connect(url, timeout=TIMEOUT) as store:
+            assert store.lock(name, ttl=60).acquire()
+            outcome: list[BaseException | None] = []
+
+            def waiter() -> None:
+                try:
+                    store.lock(name, ttl=60).acquire(wait=None)
+                    outcome.append(None)
+                except BaseException as exc:
+                    outcome.append(exc)
+
+            thread = threading.Thread(target=waiter, daemon=True)
+            thread.start()
+            time.sleep(0.5)
+            assert thread.is_alive()
+            began = time.monotonic()
+            fault()
+            thread.join(60)
+            assert not thread.is_alive(), "the waiter hung on a dead server"
+            elapsed = time.monotonic() - began
+            assert isinstance(outcome[0], corral.BackendUnavailable), outcome
+            assert url.split("@")[-1].split("/")[2] in str(outcome[0])  # names the server
+            return elapsed
+
+    async def scenario() -> float:
+        async with corral.aio.connect(url, timeout=TIMEOUT) as store:
+            assert await store.lock(name, ttl=60).acquire()
+            task = asyncio.create_task(store.lock(name, ttl=60).acquire(wait=None))
+            await asyncio.sleep(0.5)
+            assert not task.done()
+            began = time.monotonic()
+            await asyncio.to_thread(fault)
+            with pytest.raises(corral.BackendUnavailable):
+                await asyncio.wait_for(task, 60)
+            return time.monotonic() - began
+
+    return asyncio.run(scenario())
+
+
+@pytest.mark.capability("cross_host")
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("fault", ["stop", "pause"])
+def test_server_lost_while_waiting_fails_within_the_timeout(
+    backend_name: str, tmp_path: Path, name: str, flavour: str, fault: str
+) -> None:
+    server = start_server(backend_name, tmp_path)
+    try:
+        elapsed = wait_on_dead_server(server.url, name, flavour, getattr(server, fault))
+    finally:
+        server.stop()
+    # Within the configured timeout of the first attempt after the fault, plus the
+    # at-most-one-second re-check a waiter makes; generous, since the point is "no hang".
+    assert elapsed < 5 * TIMEOUT + 2

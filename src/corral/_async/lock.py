@@ -196,6 +196,8 @@ class AsyncLock:
                     if delay is None:
                         break
                     await waiter.wait(delay)
+        except BackendError:
+            raise  # leaving the queue would wait on the failed server again; the place expires
         except BaseException:
             await self._leave_queue(owner)
             raise

@@ -196,6 +196,8 @@ class Lock:
                     if delay is None:
                         break
                     waiter.wait(delay)
+        except BackendError:
+            raise  # leaving the queue would wait on the failed server again; the place expires
         except BaseException:
             self._leave_queue(owner)
             raise

@@ -1,0 +1,400 @@
+"""The `corral` command line, run as a real process over an SQLite file shared by processes.
+
+Only an executable in its own process shows what scripts see: exit statuses,
+signals, the environment of the command, stderr. Waits use generous timeouts
+and files the child writes, never timing thresholds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+TIMEOUT = 30.0
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/locks.db"
+
+
+@pytest.fixture
+def env(tmp_path: Path, url: str) -> dict[str, str]:
+    """CORRAL_URL set, so no test can touch the user's default lock file."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    environ["CORRAL_URL"] = url
+    environ["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    return environ
+
+
+Corral = Callable[..., subprocess.CompletedProcess[str]]
+Start = Callable[..., "subprocess.Popen[str]"]
+
+
+@pytest.fixture
+def corral(env: dict[str, str]) -> Corral:
+    def invoke(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "corral", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
+
+    return invoke
+
+
+@pytest.fixture
+def start(env: dict[str, str]) -> Iterator[Start]:
+    """A `corral` in the background, in its own session so no terminal signal reaches it."""
+    started: list[subprocess.Popen[str]] = []
+
+    def spawn(*args: str) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "corral", *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        started.append(proc)
+        return proc
+
+    yield spawn
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def python(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def wait_for(path: Path, proc: subprocess.Popen[str] | None = None) -> str:
+    """The content of a file the command writes once it is ready."""
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().endswith("\n"):
+            return path.read_text()
+        if proc is not None and proc.poll() is not None:
+            _, err = proc.communicate()
+            pytest.fail(f"corral exited {proc.returncode} early: {err}")
+        time.sleep(0.02)
+    pytest.fail(f"{path} was not written within {TIMEOUT} s")
+
+
+def finish(proc: subprocess.Popen[str]) -> tuple[int, str]:
+    _, err = proc.communicate(timeout=TIMEOUT)
+    return proc.returncode, err
+
+
+def status(corral: Corral, name: str) -> dict[str, object]:
+    result = corral("status", name, "--json")
+    assert result.returncode == 0, result.stderr
+    found: dict[str, object] = json.loads(result.stdout)
+    return found
+
+
+def dead(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+# A command that writes its pid and lock environment, then runs until stopped or
+# until the file named by its second argument appears.
+SLEEPER = """
+import os, sys, time
+ready = sys.argv[1]
+with open(ready + ".tmp", "w") as f:
+    f.write(f"{os.getpid()} {os.environ['CORRAL_LOCK_NAME']} {os.environ['CORRAL_LOCK_TOKEN']}\\n")
+os.replace(ready + ".tmp", ready)
+go = sys.argv[2] if len(sys.argv) > 2 else None
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline and not (go and os.path.exists(go)):
+    time.sleep(0.02)
+"""
+
+
+def test_command_sees_the_lock_and_its_exit_status_passes_through(
+    corral: Corral, tmp_path: Path
+) -> None:
+    out = tmp_path / "env"
+    code = (
+        "import os, sys; open(sys.argv[1], 'w').write("
+        "os.environ['CORRAL_LOCK_NAME'] + ' ' + os.environ['CORRAL_LOCK_TOKEN']); "
+        "sys.exit(int(sys.argv[2]))"
+    )
+    first = corral("run", "job", "--", *python(code), str(out), "0")
+    assert first.returncode == 0, first.stderr
+    name, token = out.read_text().split()
+    assert name == "job"
+    second = corral("run", "job", "--", *python(code), str(out), "3")
+    assert second.returncode == 3, second.stderr
+    assert int(out.read_text().split()[1]) > int(token)
+    assert status(corral, "job")["held"] is False
+
+
+def test_command_killed_by_a_signal_gives_128_plus_n(corral: Corral) -> None:
+    code = "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"
+    result = corral("run", "job", "--", *python(code))
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr
+
+
+def test_options_after_the_double_dash_belong_to_the_command(
+    corral: Corral, tmp_path: Path
+) -> None:
+    out = tmp_path / "argv"
+    code = "import sys, json; open(sys.argv[1], 'w').write(json.dumps(sys.argv[2:]))"
+    result = corral("run", "job", "--ttl", "5", "--", *python(code), str(out), "--ttl", "--", "x")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(out.read_text()) == ["--ttl", "--", "x"]
+
+
+def test_busy_lock_exits_75_naming_the_holder_then_wait_gets_it_with_a_larger_token(
+    corral: Corral, start: Start, tmp_path: Path
+) -> None:
+    ready, go = tmp_path / "ready", tmp_path / "go"
+    holder = start("run", "job", "--", *python(SLEEPER), str(ready), str(go))
+    _, _, token = wait_for(ready, holder).split()
+
+    busy = corral("run", "job", "--wait", "0", "--", "true")
+    assert busy.returncode == 75
+    assert "'job'" in busy.stderr
+    assert f":{holder.pid}:" in busy.stderr  # the owner names the holder's pid
+    assert " s left" in busy.stderr
+    assert "Traceback" not in busy.stderr
+
+    later, now = tmp_path / "later", tmp_path / "now"
+    waiter = start("run", "job", "--wait", "25", "--", *python(SLEEPER), str(later), str(now))
+    go.touch()  # the holder's command finishes; the waiter takes the lock
+    assert finish(holder)[0] == 0
+    now.touch()
+    returncode, err = finish(waiter)
+    assert returncode == 0, err
+    assert int(later.read_text().split()[2]) > int(token)
+
+
+def test_status_json_shows_holder_and_token(
+    corral: Corral, start: Start, tmp_path: Path, url: str
+) -> None:
+    assert status(corral, "job") == {
+        "name": "job",
+        "held": False,
+        "owner": None,
+        "token": None,
+        "ttl": None,
+        "server": url,
+    }
+    ready = tmp_path / "ready"
+    holder = start("run", "job", "--", *python(SLEEPER), str(ready))
+    _, _, token = wait_for(ready, holder).split()
+    found = status(corral, "job")
+    assert found["held"] is True
+    assert f":{holder.pid}:" in str(found["owner"])
+    assert found["token"] == int(token)
+    assert isinstance(found["ttl"], float) and 0 < found["ttl"] <= 30
+    human = corral("status", "job")
+    assert human.returncode == 0
+    assert "held by" in human.stdout and f"fencing token {token}" in human.stdout
+    holder.send_signal(signal.SIGTERM)
+    finish(holder)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_stop_signals_reach_the_command_and_the_lock_is_released(
+    corral: Corral, start: Start, tmp_path: Path, signum: signal.Signals
+) -> None:
+    ready, got = tmp_path / "ready", tmp_path / "got"
+    code = f"""
+import signal, sys, time
+def stop(signum, frame):
+    open({str(got)!r}, "w").write(str(signum))
+    sys.exit(4)
+signal.signal(signal.SIGTERM, stop)
+signal.signal(signal.SIGINT, stop)
+open({str(ready)!r}, "w").write("ready\\n")
+time.sleep(60)
+"""
+    runner = start("run", "job", "--", *python(code))
+    wait_for(ready, runner)
+    runner.send_signal(signum)
+    returncode, err = finish(runner)
+    assert got.read_text() == str(int(signum))
+    assert returncode == 4, err
+    assert status(corral, "job")["held"] is False
+
+
+def test_forced_release_stops_the_command_and_exits_70(
+    corral: Corral, start: Start, tmp_path: Path, url: str
+) -> None:
+    ready = tmp_path / "ready"
+    runner = start("run", "job", "--ttl", "1.5", "--", *python(SLEEPER), str(ready))
+    pid, _, token = wait_for(ready, runner).split()
+
+    freed = corral("release", "job", "--force")
+    assert freed.returncode == 0, freed.stderr
+    assert f"fencing token {token}" in freed.stdout
+
+    returncode, err = finish(runner)
+    assert returncode == 70, err
+    assert dead(int(pid))
+    assert "lost lock 'job'" in err and url in err and f"fencing token {token}" in err
+    assert "Traceback" not in err
+
+
+def test_a_command_ignoring_sigterm_is_killed_after_the_grace(
+    corral: Corral, start: Start, tmp_path: Path
+) -> None:
+    ready = tmp_path / "ready"
+    code = f"""
+import signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+import os
+open({str(ready)!r}, "w").write(str(os.getpid()) + "\\n")
+time.sleep(60)
+"""
+    runner = start("run", "job", "--ttl", "1.5", "--grace", "0.5", "--", *python(code))
+    pid = int(wait_for(ready, runner))
+    assert corral("release", "job", "--force").returncode == 0
+    returncode, err = finish(runner)
+    assert returncode == 70, err
+    assert dead(pid)
+
+
+def test_release_without_force_is_refused(corral: Corral, start: Start, tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    holder = start("run", "job", "--", *python(SLEEPER), str(ready))
+    wait_for(ready, holder)
+    refused = corral("release", "job")
+    assert refused.returncode == 2
+    assert "--force" in refused.stderr
+    assert status(corral, "job")["held"] is True
+    holder.send_signal(signal.SIGTERM)
+    finish(holder)
+    free = corral("release", "job", "--force")
+    assert free.returncode == 0 and "not held" in free.stdout
+
+
+def test_hold_for_keeps_the_lock_closed_after_the_command(corral: Corral) -> None:
+    first = corral("run", "job", "--hold-for", "2", "--", "true")
+    assert first.returncode == 0, first.stderr
+    second = corral("run", "job", "--", "true")
+    assert second.returncode == 75
+    assert "hold_for" in second.stderr
+    closed = status(corral, "job")
+    assert closed["held"] is True and closed["owner"] is None
+
+
+def test_bad_ttl_is_a_config_error(corral: Corral) -> None:
+    result = corral("run", "job", "--ttl", "-1", "--", "true")
+    assert result.returncode == 2
+    assert "--ttl" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_limit_above_one_is_not_available_yet(corral: Corral) -> None:
+    result = corral("run", "job", "--limit", "2", "--", "true")
+    assert result.returncode == 2
+    assert "--limit" in result.stderr and "not available" in result.stderr
+
+
+def test_missing_command_gives_127_and_leaves_the_lock_free(corral: Corral, tmp_path: Path) -> None:
+    result = corral("run", "job", "--", str(tmp_path / "no-such-command"))
+    assert result.returncode == 127
+    assert "not found" in result.stderr and "Traceback" not in result.stderr
+    assert status(corral, "job")["held"] is False
+
+
+def test_no_command_is_a_usage_error(corral: Corral) -> None:
+    assert corral("run", "job").returncode == 2
+    without_dashes = corral("run", "job", "true")
+    assert without_dashes.returncode == 2 and "--" in without_dashes.stderr
+
+
+def test_passwords_never_appear_and_config_errors_exit_2(corral: Corral) -> None:
+    result = corral("status", "job", "--url", "postgresql://user:s3cret@db.example/app")
+    assert result.returncode == 2
+    assert "s3cret" not in result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_version_help_and_python_m(corral: Corral) -> None:
+    import corral as package
+
+    version = corral("--version")
+    assert version.returncode == 0 and package.__version__ in version.stdout
+    helped = corral("run", "--help")
+    assert helped.returncode == 0
+    for status_code in ("69", "70", "75", "127"):
+        assert status_code in helped.stdout
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs a Linux pty")
+def test_ctrl_c_at_a_terminal_reaches_the_command_once(
+    corral: Corral, env: dict[str, str], tmp_path: Path
+) -> None:
+    """The terminal signals the command itself; corral must not send a second SIGINT."""
+    import pty
+    import select
+
+    count = tmp_path / "count"
+    code = f"""
+import signal, sys, time
+seen = []
+signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
+print("READY", flush=True)
+deadline = time.monotonic() + 20
+while not seen and time.monotonic() < deadline:
+    time.sleep(0.01)
+time.sleep(0.5)  # a forwarded duplicate would land in here
+open({str(count)!r}, "w").write(str(len(seen)))
+sys.exit(7)
+"""
+    argv = [sys.executable, "-m", "corral", "run", "job", "--", *python(code)]
+    pid, fd = pty.fork()
+    if pid == 0:  # pragma: no cover - the child execs at once
+        try:
+            os.execve(sys.executable, argv, env)
+        finally:
+            os._exit(127)
+    output = b""
+    wait_status: int | None = None
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while b"READY" not in output and time.monotonic() < deadline:
+            if select.select([fd], [], [], 1.0)[0]:
+                output += os.read(fd, 1024)
+        assert b"READY" in output, output
+        os.write(fd, b"\x03")  # Ctrl-C: the terminal sends SIGINT to its foreground group
+        while True:
+            if not select.select([fd], [], [], TIMEOUT)[0]:
+                break
+            try:
+                chunk = os.read(fd, 1024)
+            except OSError:  # EIO: the other side closed
+                break
+            if not chunk:
+                break
+            output += chunk
+        _, wait_status = os.waitpid(pid, 0)
+    finally:
+        os.close(fd)
+        if wait_status is None:  # a failed assertion above: do not leave it running
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(wait_status) == 7, output
+    assert count.read_text() == "1"
+    assert status(corral, "job")["held"] is False
