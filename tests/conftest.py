@@ -21,10 +21,18 @@ import pytest
 from corral.backends.registry import BACKENDS
 from corral.core.capabilities import Capabilities
 
-# Backends the contract suite knows, in the order they are reported.
-ALL_BACKENDS = ["memory", "sqlite", "redis"]
-# Backends that need a server process started by the fixtures.
-SERVER_BACKENDS = {"redis"}
+# Backends the contract suite knows, in the order they are reported, and the URL
+# scheme of each (etcd runs twice: one node, and a three-member cluster).
+SCHEMES = {
+    "memory": "memory",
+    "sqlite": "sqlite",
+    "redis": "redis",
+    "memcached": "memcached",
+    "etcd": "etcd",
+    "etcd-cluster": "etcd",
+    "postgres": "postgresql",
+}
+ALL_BACKENDS = list(SCHEMES)
 
 
 def in_ci() -> bool:
@@ -43,7 +51,7 @@ def selected_backends(config: pytest.Config) -> list[str]:
 
 
 def capabilities(name: str) -> Capabilities:
-    spec = BACKENDS[name]
+    spec = BACKENDS[SCHEMES[name]]
     module = importlib.import_module(f"corral._async.backends.{spec.module}")
     caps: Capabilities = getattr(module, spec.cls).capabilities
     return caps
@@ -75,29 +83,38 @@ def server_missing(message: str) -> None:
     pytest.skip(message)
 
 
-@pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    from corral.testing.servers import ServerUnavailable, start_redis
-
-    try:
-        server = start_redis(tmp_path_factory.mktemp("redis"))
-    except ServerUnavailable as exc:
-        server_missing(str(exc))
-        raise
-    yield server
-    server.stop()
-
-
 def start_server(backend_name: str, workdir: Path) -> Any:
-    """A fresh server of this backend for one test that will stop or pause it."""
-    from corral.testing.servers import ServerUnavailable, start_redis
+    """A fresh server (or cluster) of this backend, on free ports under `workdir`."""
+    from corral.testing import servers
 
-    starters = {"redis": start_redis}
+    starters = {
+        "redis": servers.start_redis,
+        "memcached": servers.start_memcached,
+        "etcd": servers.start_etcd,
+        "etcd-cluster": servers.start_etcd_cluster,
+        "postgres": servers.start_postgres,
+    }
     try:
         return starters[backend_name](workdir)
-    except ServerUnavailable as exc:
+    except servers.ServerUnavailable as exc:
         server_missing(str(exc))
         raise
+
+
+@pytest.fixture(scope="session")
+def servers_by_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """One server per backend for the whole session, started the first time a test needs it."""
+    started: dict[str, Any] = {}
+
+    def get(backend_name: str) -> Any:
+        if backend_name not in started:
+            workdir = tmp_path_factory.mktemp(backend_name)
+            started[backend_name] = start_server(backend_name, workdir)
+        return started[backend_name]
+
+    yield {"get": get}
+    for server in started.values():
+        server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -106,17 +123,16 @@ def sqlite_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def backend_url(backend_name: str, request: pytest.FixtureRequest) -> str:
+def backend_url(
+    backend_name: str, request: pytest.FixtureRequest, servers_by_backend: dict[str, Any]
+) -> str:
     if backend_name == "memory":
         return "memory://"
     if backend_name == "sqlite":
         path: Path = request.getfixturevalue("sqlite_path")
         return f"sqlite:///{path}"
-    if backend_name == "redis":
-        server = request.getfixturevalue("redis_server")
-        url: str = server.url  # type: ignore[attr-defined]
-        return url
-    raise AssertionError(backend_name)
+    url: str = servers_by_backend["get"](backend_name).url
+    return url
 
 
 @pytest.fixture

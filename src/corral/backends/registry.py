@@ -34,15 +34,16 @@ BACKENDS: dict[str, BackendSpec] = {
     "sqlite": BackendSpec("sqlite", "AsyncSQLiteBackend", None),
     "redis": BackendSpec("redis", "AsyncRedisBackend", "redis", ("redis",)),
     "rediss": BackendSpec("redis", "AsyncRedisBackend", "redis", ("redis",)),
+    "memcached": BackendSpec("memcached", "AsyncMemcachedBackend", "memcached", ("pymemcache",)),
+    "etcd": BackendSpec("etcd", "AsyncEtcdBackend", "etcd", ("httpx",)),
+    "etcds": BackendSpec("etcd", "AsyncEtcdBackend", "etcd", ("httpx",)),
+    "postgresql": BackendSpec("postgres", "AsyncPostgresBackend", "postgres", ("psycopg",)),
+    "postgres": BackendSpec("postgres", "AsyncPostgresBackend", "postgres", ("psycopg",)),
 }
 
 PLANNED = {
     "redis+cluster": "Redis Cluster",
     "redis+redlock": "Redlock over independent Redis masters",
-    "memcached": "memcached",
-    "etcd": "etcd",
-    "postgresql": "PostgreSQL",
-    "postgres": "PostgreSQL",
 }
 
 
@@ -64,7 +65,7 @@ def resolve(url: str) -> BackendSpec:
     if scheme in PLANNED:
         raise ConfigError(
             f"{redact(url)}: the {PLANNED[scheme]} backend is not available in this "
-            "version of corral yet; use redis://, sqlite:// or memory://"
+            "version of corral yet; use one of: " + ", ".join(f"{n}://" for n in BACKENDS)
         )
     known = ", ".join(f"{name}://" for name in BACKENDS)
     raise ConfigError(f"{redact(url)}: unknown or missing URL scheme; expected one of {known}")

@@ -1045,6 +1045,15 @@ class EtcdCluster:
         for member in self.members:
             member._finish_stop(deadline)
 
+    def pause(self) -> None:
+        """SIGSTOP every member: the whole cluster stops answering at once."""
+        for member in self.members:
+            member.pause()
+
+    def resume(self) -> None:
+        for member in self.members:
+            member.resume()
+
     def kill(self) -> None:
         for member in self.members:
             member.kill()
