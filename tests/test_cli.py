@@ -325,8 +325,14 @@ def test_no_command_is_a_usage_error(corral: Corral) -> None:
 
 
 def test_passwords_never_appear_and_config_errors_exit_2(corral: Corral) -> None:
-    result = corral("status", "job", "--url", "postgresql://user:s3cret@db.example/app")
+    result = corral("status", "job", "--url", "redis+cluster://user:s3cret@db.example:7000")
     assert result.returncode == 2
+    assert "s3cret" not in result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    # Nothing listens on port 1: the server is unavailable, and says so without the password.
+    result = corral("status", "job", "--url", "redis://user:s3cret@127.0.0.1:1/0")
+    assert result.returncode == 69
+    assert "127.0.0.1:1" in result.stderr
     assert "s3cret" not in result.stdout + result.stderr
     assert "Traceback" not in result.stderr
 

@@ -281,7 +281,8 @@ class Lock:
         # Forget first: a release that is cancelled or fails must not leave the
         # handle believing it holds; the server's TTL frees the lock anyway.
         self._held = None
-        renewer().unregister(self)
+        if self.auto_renew:
+            renewer().unregister(self)
         outcome = self._backend.release(self.name, held.owner, hold)
         error = outcome_error(outcome, self.name, self._backend.server, "release")
         if error is not None:

@@ -10,6 +10,10 @@ import random
 
 __all__ = ["Backoff"]
 
+# One generator for every backoff: seeding a new one per lock costs more than the
+# lock's own bookkeeping, and jitter needs no independence guarantees.
+_SHARED = random.Random()
+
 
 class Backoff:
     """Delays that grow from `initial` towards `cap`, each drawn at random.
@@ -28,7 +32,7 @@ class Backoff:
             raise ValueError("backoff needs 0 < initial <= cap")
         self.initial = initial
         self.cap = cap
-        self._rng = rng or random.Random()
+        self._rng = rng or _SHARED
         self._previous = initial
 
     def next(self) -> float:

@@ -33,7 +33,13 @@ from redis.asyncio.client import PubSub
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
-from redis.exceptions import AuthenticationError, NoScriptError, ReadOnlyError, RedisError
+from redis.exceptions import (
+    AuthenticationError,
+    NoScriptError,
+    ReadOnlyError,
+    RedisError,
+    ResponseError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -455,10 +461,38 @@ class AsyncRedisBackend(AsyncBackend):
     async def _run(
         self, script: AsyncScript, name: str, action: str, keys: list[str], args: list[str]
     ) -> Any:
+        """EVALSHA on a pooled connection, straight from the connection.
+
+        redis-py's client path adds retries (disabled here anyway), events and
+        metrics around every command; on the lock's hot path that costs more
+        than the server's work. The script text is sent once if the server has
+        lost its script cache (restart, SCRIPT FLUSH).
+        """
+        # redis-py types these connection-level calls unevenly across its two flavours.
+        pool: Any = self._pool
         try:
-            return await script(keys=keys, args=args)
+            connection: Any = await pool.get_connection()
         except (RedisError, OSError) as exc:
             raise self._error(exc, name, action) from exc
+        try:
+            try:
+                await connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                return await connection.read_response()
+            except NoScriptError:
+                await connection.send_command("EVAL", script.script, len(keys), *keys, *args)
+                return await connection.read_response()
+        except ResponseError as exc:  # the server's error reply: the connection is fine
+            raise self._error(exc, name, action) from exc
+        except (RedisError, OSError) as exc:
+            await connection.disconnect()
+            raise self._error(exc, name, action) from exc
+        except BaseException:
+            # Cancelled between the command and its answer: the connection would hand
+            # the stale answer to the next caller, so it is dropped, not reused.
+            await connection.disconnect()
+            raise
+        finally:
+            await pool.release(connection)
 
     async def try_acquire(
         self,

@@ -34,7 +34,13 @@ from redis import BlockingConnectionPool, ConnectionPool, Redis
 from redis.backoff import NoBackoff
 from redis.client import PubSub
 from redis.commands.core import Script
-from redis.exceptions import AuthenticationError, NoScriptError, ReadOnlyError, RedisError
+from redis.exceptions import (
+    AuthenticationError,
+    NoScriptError,
+    ReadOnlyError,
+    RedisError,
+    ResponseError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
@@ -455,10 +461,38 @@ class RedisBackend(Backend):
     # -- primitives ---------------------------------------------------------------
 
     def _run(self, script: Script, name: str, action: str, keys: list[str], args: list[str]) -> Any:
+        """EVALSHA on a pooled connection, straight from the connection.
+
+        redis-py's client path adds retries (disabled here anyway), events and
+        metrics around every command; on the lock's hot path that costs more
+        than the server's work. The script text is sent once if the server has
+        lost its script cache (restart, SCRIPT FLUSH).
+        """
+        # redis-py types these connection-level calls unevenly across its two flavours.
+        pool: Any = self._pool
         try:
-            return script(keys=keys, args=args)
+            connection: Any = pool.get_connection()
         except (RedisError, OSError) as exc:
             raise self._error(exc, name, action) from exc
+        try:
+            try:
+                connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                return connection.read_response()
+            except NoScriptError:
+                connection.send_command("EVAL", script.script, len(keys), *keys, *args)
+                return connection.read_response()
+        except ResponseError as exc:  # the server's error reply: the connection is fine
+            raise self._error(exc, name, action) from exc
+        except (RedisError, OSError) as exc:
+            connection.disconnect()
+            raise self._error(exc, name, action) from exc
+        except BaseException:
+            # Cancelled between the command and its answer: the connection would hand
+            # the stale answer to the next caller, so it is dropped, not reused.
+            connection.disconnect()
+            raise
+        finally:
+            pool.release(connection)
 
     def try_acquire(
         self,
