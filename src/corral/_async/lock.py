@@ -185,7 +185,10 @@ class AsyncLock:
             refresh_every=FAIR_QUEUE_TTL / 3 if self.fair else None,
         )
         try:
-            async with self._backend.waiter(self.name) as waiter:
+            waiter = self._backend.waiter(self.name)
+            if self.fair:
+                waiter.for_owner(owner)
+            async with waiter:
                 # Subscribed before this attempt: a release from now on wakes us.
                 while True:
                     now = self.clock_now()

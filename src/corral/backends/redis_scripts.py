@@ -26,6 +26,7 @@ __all__ = [
     "DEFAULT_PREFIX",
     "EXTEND",
     "FORCE_RELEASE",
+    "HEAD_PREFIX",
     "INSPECT",
     "LEAVE_QUEUE",
     "RELEASE",
@@ -36,6 +37,8 @@ __all__ = [
 ]
 
 DEFAULT_PREFIX = "corral"
+# A release message "head:<owner>" wakes only that waiter of a fair lock.
+HEAD_PREFIX = "head:"
 
 
 class LockKeys(NamedTuple):
@@ -131,9 +134,10 @@ redis.call('SET', KEYS[1], token .. ':' .. owner, 'PX', ttl)
 return {1, tonumber(token)}
 """
 
-# KEYS: lock
+# KEYS: lock, queue, queue_expiry
 # ARGV: owner, hold_for (ms; 0 deletes), channel
 # Returns 1 released (OK), 0 nobody holds it (EXPIRED), -1 another owner does (LOST).
+# With a live head in the fair queue, the message names it, so only it wakes.
 RELEASE = """
 local value = redis.call('GET', KEYS[1])
 if not value then return 0 end
@@ -142,10 +146,18 @@ if not sep or string.sub(value, sep + 1) ~= ARGV[1] then return -1 end
 local hold = tonumber(ARGV[2])
 if hold > 0 then
   redis.call('SET', KEYS[1], string.sub(value, 1, sep), 'PX', hold)
-else
-  redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[3], 'released')
+  return 1
 end
+redis.call('DEL', KEYS[1])
+local message = 'released'
+local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+if head then
+  local time = redis.call('TIME')
+  local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  local expires = tonumber(redis.call('ZSCORE', KEYS[3], head))
+  if expires and expires > now then message = '""" + HEAD_PREFIX + """' .. head end
+end
+redis.call('PUBLISH', ARGV[3], message)
 return 1
 """
 

@@ -35,6 +35,12 @@ class AsyncWaiter:
         self._bus = bus
         self._name = name
         self._event = Event()
+        self.owner: str | None = None
+
+    def for_owner(self, owner: str) -> AsyncWaiter:
+        """Wait as this owner of a fair lock: a backend may then wake only the queue's head."""
+        self.owner = owner
+        return self
 
     async def __aenter__(self) -> AsyncWaiter:
         self._bus.add(self._name, self._event)

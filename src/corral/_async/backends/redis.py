@@ -57,6 +57,8 @@ __all__ = ["AsyncRedisBackend"]
 DEFAULT_TIMEOUT = 5.0
 # How long the listener blocks on one read before it looks at its flags again.
 LISTEN_POLL = 1.0
+# A release message naming the fair queue's head starts with this.
+HEAD = scripts.HEAD_PREFIX
 # WAIT may use at most this share of the socket timeout, so its reply still arrives in time.
 WAIT_SHARE = 0.8
 
@@ -92,7 +94,8 @@ def _check_max_connections(value: object) -> int | None:
 class _Channel:
     subscribed_at: int
     """Number of the SUBSCRIBE that made it active: its reply confirms the subscription."""
-    events: set[Event] = field(default_factory=set)
+    events: dict[Event, str | None] = field(default_factory=dict)
+    """Each waiter's event, with the owner it waits as (fair locks) or None."""
 
 
 class AsyncReleaseFeed:
@@ -132,8 +135,13 @@ class AsyncReleaseFeed:
     def usable(self) -> bool:
         return self.failure is None and not self.closed and self.pid == os.getpid()
 
-    async def join(self, channel: str, event: Event, timeout: float) -> None:
-        """Have `event` set on every message on `channel`; return once the server confirmed it."""
+    async def join(self, channel: str, event: Event, owner: str | None, timeout: float) -> None:
+        """Have `event` set on messages on `channel`; return once the server confirmed it.
+
+        A message naming the head of a fair lock's queue wakes only that waiter
+        (and waiters with no owner): the rest could not take the lock anyway, and
+        eight processes stampeding the server for one grant slow the handoff.
+        """
         confirmed = Event()
         async with self._send_lock:
             with self._mutex:
@@ -146,7 +154,7 @@ class AsyncReleaseFeed:
                     sends.append(channel)
                     entry = self._channels[channel] = _Channel(self._sent + len(sends))
                 self._sent += len(sends)
-                entry.events.add(event)
+                entry.events[event] = owner
                 if self._answered >= entry.subscribed_at:
                     confirmed.set()
                 else:
@@ -176,7 +184,7 @@ class AsyncReleaseFeed:
                 entry = self._channels.get(channel)
                 if entry is None:
                     return
-                entry.events.discard(event)
+                entry.events.pop(event, None)
                 if entry.events or not self.usable:
                     return
                 del self._channels[channel]
@@ -231,7 +239,17 @@ class AsyncReleaseFeed:
             elif kind == "message":
                 entry = self._channels.get(message["channel"])
                 if entry is not None:
-                    ready.extend(entry.events)
+                    data = message.get("data")
+                    head = (
+                        data[len(HEAD) :]
+                        if isinstance(data, str) and data.startswith(HEAD)
+                        else None
+                    )
+                    ready.extend(
+                        event
+                        for event, owner in entry.events.items()
+                        if head is None or owner is None or owner == head
+                    )
         for event in ready:
             event.set()
 
@@ -278,7 +296,9 @@ class AsyncRedisWaiter(AsyncWaiter):
     async def __aenter__(self) -> AsyncRedisWaiter:
         await super().__aenter__()
         try:
-            self._feed = await self._backend._subscribe(self._name, self._channel, self._event)
+            self._feed = await self._backend._subscribe(
+                self._name, self._channel, self._event, self.owner
+            )
         except BaseException:
             await super().__aexit__(None, None, None)
             raise
@@ -305,7 +325,9 @@ class AsyncRedisWaiter(AsyncWaiter):
         if feed is not None:
             await feed.leave(self._channel, self._event)
         try:
-            self._feed = await self._backend._subscribe(self._name, self._channel, self._event)
+            self._feed = await self._backend._subscribe(
+                self._name, self._channel, self._event, self.owner
+            )
         except BackendError:
             # The next attempt will report the server's state; until then, poll.
             return await super().wait(timeout)
@@ -553,7 +575,11 @@ class AsyncRedisBackend(AsyncBackend):
         keys = scripts.lock_keys(self.prefix, name)
         hold = str(_ms(hold_for)) if hold_for > 0 else "0"
         result = await self._run(
-            self._release, name, "release", [keys.lock], [owner, hold, keys.channel]
+            self._release,
+            name,
+            "release",
+            [keys.lock, keys.queue, keys.queue_expiry],
+            [owner, hold, keys.channel],
         )
         outcome = _OUTCOMES[int(result)]
         if outcome is Outcome.OK and hold_for <= 0:
@@ -616,10 +642,12 @@ class AsyncRedisBackend(AsyncBackend):
                 )
             return feed
 
-    async def _subscribe(self, name: str, channel: str, event: Event) -> AsyncReleaseFeed:
+    async def _subscribe(
+        self, name: str, channel: str, event: Event, owner: str | None
+    ) -> AsyncReleaseFeed:
         feed = self._current_feed()
         try:
-            await feed.join(channel, event, self._timeout)
+            await feed.join(channel, event, owner, self._timeout)
         except (RedisError, OSError) as exc:
             raise self._error(exc, name, "wait for") from exc
         return feed

@@ -37,6 +37,12 @@ class Waiter:
         self._bus = bus
         self._name = name
         self._event = Event()
+        self.owner: str | None = None
+
+    def for_owner(self, owner: str) -> Waiter:
+        """Wait as this owner of a fair lock: a backend may then wake only the queue's head."""
+        self.owner = owner
+        return self
 
     def __enter__(self) -> Waiter:
         self._bus.add(self._name, self._event)

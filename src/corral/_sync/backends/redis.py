@@ -59,6 +59,8 @@ __all__ = ["RedisBackend"]
 DEFAULT_TIMEOUT = 5.0
 # How long the listener blocks on one read before it looks at its flags again.
 LISTEN_POLL = 1.0
+# A release message naming the fair queue's head starts with this.
+HEAD = scripts.HEAD_PREFIX
 # WAIT may use at most this share of the socket timeout, so its reply still arrives in time.
 WAIT_SHARE = 0.8
 
@@ -94,7 +96,8 @@ def _check_max_connections(value: object) -> int | None:
 class _Channel:
     subscribed_at: int
     """Number of the SUBSCRIBE that made it active: its reply confirms the subscription."""
-    events: set[Event] = field(default_factory=set)
+    events: dict[Event, str | None] = field(default_factory=dict)
+    """Each waiter's event, with the owner it waits as (fair locks) or None."""
 
 
 class ReleaseFeed:
@@ -134,8 +137,13 @@ class ReleaseFeed:
     def usable(self) -> bool:
         return self.failure is None and not self.closed and self.pid == os.getpid()
 
-    def join(self, channel: str, event: Event, timeout: float) -> None:
-        """Have `event` set on every message on `channel`; return once the server confirmed it."""
+    def join(self, channel: str, event: Event, owner: str | None, timeout: float) -> None:
+        """Have `event` set on messages on `channel`; return once the server confirmed it.
+
+        A message naming the head of a fair lock's queue wakes only that waiter
+        (and waiters with no owner): the rest could not take the lock anyway, and
+        eight processes stampeding the server for one grant slow the handoff.
+        """
         confirmed = Event()
         with self._send_lock:
             with self._mutex:
@@ -148,7 +156,7 @@ class ReleaseFeed:
                     sends.append(channel)
                     entry = self._channels[channel] = _Channel(self._sent + len(sends))
                 self._sent += len(sends)
-                entry.events.add(event)
+                entry.events[event] = owner
                 if self._answered >= entry.subscribed_at:
                     confirmed.set()
                 else:
@@ -178,7 +186,7 @@ class ReleaseFeed:
                 entry = self._channels.get(channel)
                 if entry is None:
                     return
-                entry.events.discard(event)
+                entry.events.pop(event, None)
                 if entry.events or not self.usable:
                     return
                 del self._channels[channel]
@@ -233,7 +241,17 @@ class ReleaseFeed:
             elif kind == "message":
                 entry = self._channels.get(message["channel"])
                 if entry is not None:
-                    ready.extend(entry.events)
+                    data = message.get("data")
+                    head = (
+                        data[len(HEAD) :]
+                        if isinstance(data, str) and data.startswith(HEAD)
+                        else None
+                    )
+                    ready.extend(
+                        event
+                        for event, owner in entry.events.items()
+                        if head is None or owner is None or owner == head
+                    )
         for event in ready:
             event.set()
 
@@ -280,7 +298,9 @@ class RedisWaiter(Waiter):
     def __enter__(self) -> RedisWaiter:
         super().__enter__()
         try:
-            self._feed = self._backend._subscribe(self._name, self._channel, self._event)
+            self._feed = self._backend._subscribe(
+                self._name, self._channel, self._event, self.owner
+            )
         except BaseException:
             super().__exit__(None, None, None)
             raise
@@ -307,7 +327,9 @@ class RedisWaiter(Waiter):
         if feed is not None:
             feed.leave(self._channel, self._event)
         try:
-            self._feed = self._backend._subscribe(self._name, self._channel, self._event)
+            self._feed = self._backend._subscribe(
+                self._name, self._channel, self._event, self.owner
+            )
         except BackendError:
             # The next attempt will report the server's state; until then, poll.
             return super().wait(timeout)
@@ -552,7 +574,13 @@ class RedisBackend(Backend):
     def release(self, name: str, owner: str, hold_for: float = 0.0) -> Outcome:
         keys = scripts.lock_keys(self.prefix, name)
         hold = str(_ms(hold_for)) if hold_for > 0 else "0"
-        result = self._run(self._release, name, "release", [keys.lock], [owner, hold, keys.channel])
+        result = self._run(
+            self._release,
+            name,
+            "release",
+            [keys.lock, keys.queue, keys.queue_expiry],
+            [owner, hold, keys.channel],
+        )
         outcome = _OUTCOMES[int(result)]
         if outcome is Outcome.OK and hold_for <= 0:
             self.local_bus.notify(name)
@@ -612,10 +640,10 @@ class RedisBackend(Backend):
                 )
             return feed
 
-    def _subscribe(self, name: str, channel: str, event: Event) -> ReleaseFeed:
+    def _subscribe(self, name: str, channel: str, event: Event, owner: str | None) -> ReleaseFeed:
         feed = self._current_feed()
         try:
-            feed.join(channel, event, self._timeout)
+            feed.join(channel, event, owner, self._timeout)
         except (RedisError, OSError) as exc:
             raise self._error(exc, name, "wait for") from exc
         return feed
