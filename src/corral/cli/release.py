@@ -26,7 +26,8 @@ NAME = "release"
 EPILOG = f"""\
 exit status:
   0    the lock was freed, or was not held
-{COMMON_STATUSES} (including a missing --force)
+{COMMON_STATUSES}
+  (2 also when --force is missing)
 
 A `corral run` holding the lock finds out at its next renewal (every ttl/3),
 stops its command (SIGTERM, then SIGKILL) and exits 70.
