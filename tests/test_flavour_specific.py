@@ -99,6 +99,14 @@ def test_forked_child_does_not_own_the_parents_lock(backend_url: str, name: str)
                     code = 4
                 except LockError:
                     pass
+                # The child has its own renewal worker for its own locks.
+                own = store.lock(name + "-child", ttl=1, auto_renew=True)
+                if not own.acquire():
+                    code = 6
+                time.sleep(1.6)
+                if not own.owned():
+                    code = 7
+                own.release()
             except BaseException:
                 code = 5
             os._exit(code)

@@ -196,3 +196,28 @@ def test_server_lost_while_waiting_fails_within_the_timeout(
     # Within the configured timeout of the first attempt after the fault, plus the
     # at-most-one-second re-check a waiter makes; generous, since the point is "no hang".
     assert elapsed < 5 * TIMEOUT + 2
+
+
+@pytest.mark.capability("cross_host")
+def test_renewal_rides_out_a_short_server_stall(
+    backend_name: str, tmp_path: Path, name: str
+) -> None:
+    """A renewal that times out is retried while the lease lasts, and the lock is kept."""
+    server = start_server(backend_name, tmp_path)
+    try:
+        with corral.connect(server.url, timeout=0.5) as store:
+            lost: list[corral.Lock] = []
+            lock = store.lock(name, ttl=4, auto_renew=True, on_lost=lost.append)
+            assert lock.acquire()
+            time.sleep(1.5)  # the first renewal (at ttl/3) has happened
+            server.pause()
+            time.sleep(1.5)  # the next renewal times out at least once
+            server.resume()
+            time.sleep(4.5)  # well past the TTL of the last successful renewal
+            assert lost == []
+            assert lock.owned()
+            other = store.lock(name, ttl=5)
+            assert not other.acquire()
+            lock.release()
+    finally:
+        server.stop()
