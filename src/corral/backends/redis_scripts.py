@@ -155,11 +155,11 @@ if head then
   local time = redis.call('TIME')
   local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
   local expires = tonumber(redis.call('ZSCORE', KEYS[3], head))
-  if expires and expires > now then message = '""" + HEAD_PREFIX + """' .. head end
+  if expires and expires > now then message = '%HEAD%' .. head end
 end
 redis.call('PUBLISH', ARGV[3], message)
 return 1
-"""
+""".replace("%HEAD%", HEAD_PREFIX)
 
 # KEYS: lock
 # ARGV: owner, ttl (ms)
