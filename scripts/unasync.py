@@ -35,6 +35,7 @@ SUBSTITUTIONS: list[tuple[str, str]] = [
     (r"\b__aiter__\b", "__iter__"),
     (r"\b__anext__\b", "__next__"),
     (r"\bStopAsyncIteration\b", "StopIteration"),
+    (r"\baiter_(\w+)", r"iter_\1"),  # httpx: response.aiter_lines() -> iter_lines()
     (r"\bcorral\._async\b", "corral._sync"),
     (r"\btests\._async\b", "tests._sync"),
     (r"\bredis\.asyncio\b", "redis"),

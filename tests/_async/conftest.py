@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -27,3 +27,10 @@ async def other_store(
         return
     async with connect(backend_url) as opened:
         yield opened
+
+
+@pytest.fixture
+def lapse(backend_name: str) -> Callable[[float], float]:
+    """Seconds to sleep until a lock of `ttl` has surely expired on this backend."""
+    slack = capabilities(backend_name).ttl_slack
+    return lambda ttl: ttl + slack + 0.2

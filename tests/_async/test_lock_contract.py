@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -84,11 +85,11 @@ async def test_release_of_unheld_handle_is_an_error(store: AsyncStore, name: str
 
 
 async def test_expired_then_taken_is_lost(
-    store: AsyncStore, other_store: AsyncStore, name: str
+    store: AsyncStore, other_store: AsyncStore, name: str, lapse: Callable[[float], float]
 ) -> None:
     stale = store.lock(name, ttl=0.3)
     assert await stale.acquire()
-    await sleep(0.5)
+    await sleep(lapse(0.3))
     fresh = other_store.lock(name, ttl=10)
     assert await fresh.acquire()
     assert fresh.token is not None and stale.token is not None
@@ -101,34 +102,38 @@ async def test_expired_then_taken_is_lost(
     await fresh.release()
 
 
-async def test_expired_and_free_is_expired(store: AsyncStore, name: str) -> None:
+async def test_expired_and_free_is_expired(
+    store: AsyncStore, name: str, lapse: Callable[[float], float]
+) -> None:
     lock = store.lock(name, ttl=0.3)
     assert await lock.acquire()
-    await sleep(0.5)
+    await sleep(lapse(0.3))
     with pytest.raises(LockExpired, match=name):
         await lock.release()
     assert await lock.acquire()
-    await sleep(0.5)
+    await sleep(lapse(0.3))
     with pytest.raises(LockExpired):
         await lock.extend()
 
 
-async def test_extend_resets_ttl(store: AsyncStore, name: str) -> None:
+async def test_extend_resets_ttl(
+    store: AsyncStore, name: str, lapse: Callable[[float], float]
+) -> None:
     lock = store.lock(name, ttl=0.5)
     assert await lock.acquire()
     await lock.extend(ttl=10)
     info = await store.lock_info(name)
     assert info is not None and info.ttl > 5
-    await sleep(0.6)
+    await sleep(lapse(0.5))
     assert await lock.owned()
     await lock.extend()  # back to the lock's own ttl
     info = await store.lock_info(name)
-    assert info is not None and info.ttl <= 0.5
+    assert info is not None and info.ttl <= lapse(0.5)
     await lock.release()
 
 
 async def test_release_hold_for_keeps_it_closed(
-    store: AsyncStore, other_store: AsyncStore, name: str
+    store: AsyncStore, other_store: AsyncStore, name: str, lapse: Callable[[float], float]
 ) -> None:
     lock = store.lock(name, ttl=10)
     assert await lock.acquire()
@@ -139,7 +144,7 @@ async def test_release_hold_for_keeps_it_closed(
     assert await lock.locked()
     other = other_store.lock(name, ttl=10)
     assert not await other.acquire()
-    await sleep(0.8)
+    await sleep(lapse(0.6))
     assert await other.acquire()
     assert other.token is not None and token is not None and other.token > token
     await other.release()
@@ -225,24 +230,24 @@ async def test_context_manager(store: AsyncStore, other_store: AsyncStore, name:
 
 
 async def test_context_manager_reports_loss_on_exit(
-    store: AsyncStore, other_store: AsyncStore, name: str
+    store: AsyncStore, other_store: AsyncStore, name: str, lapse: Callable[[float], float]
 ) -> None:
     with pytest.raises(LockLost):
         async with store.lock(name, ttl=0.3):
-            await sleep(0.5)
+            await sleep(lapse(0.3))
             assert await other_store.lock(name, ttl=10).acquire()
     assert await store.force_release(name)
     with pytest.raises(LockExpired):
         async with store.lock(name, ttl=0.3):
-            await sleep(0.5)
+            await sleep(lapse(0.3))
 
 
 async def test_context_manager_never_masks_the_error_in_flight(
-    store: AsyncStore, name: str
+    store: AsyncStore, name: str, lapse: Callable[[float], float]
 ) -> None:
     with pytest.raises(KeyError) as caught:
         async with store.lock(name, ttl=0.3):
-            await sleep(0.5)
+            await sleep(lapse(0.3))
             raise KeyError("the real problem")
     notes = getattr(caught.value, "__notes__", [])
     assert any(name in note for note in notes)
@@ -302,13 +307,15 @@ async def test_auto_renew_reports_loss(
         await lock.release()
 
 
-async def test_check_owned_locked(store: AsyncStore, other_store: AsyncStore, name: str) -> None:
+async def test_check_owned_locked(
+    store: AsyncStore, other_store: AsyncStore, name: str, lapse: Callable[[float], float]
+) -> None:
     lock = store.lock(name, ttl=0.3)
     assert not await lock.locked()
     assert not await lock.owned()
     assert await lock.acquire()
     await lock.check()
-    await sleep(0.5)
+    await sleep(lapse(0.3))
     assert not await lock.owned()
     other = other_store.lock(name, ttl=10)
     assert await other.acquire()

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -27,3 +27,10 @@ def other_store(backend_name: str, backend_url: str, store: Store) -> Iterator[S
         return
     with connect(backend_url) as opened:
         yield opened
+
+
+@pytest.fixture
+def lapse(backend_name: str) -> Callable[[float], float]:
+    """Seconds to sleep until a lock of `ttl` has surely expired on this backend."""
+    slack = capabilities(backend_name).ttl_slack
+    return lambda ttl: ttl + slack + 0.2

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -83,10 +84,12 @@ def test_release_of_unheld_handle_is_an_error(store: Store, name: str) -> None:
     holder.release()
 
 
-def test_expired_then_taken_is_lost(store: Store, other_store: Store, name: str) -> None:
+def test_expired_then_taken_is_lost(
+    store: Store, other_store: Store, name: str, lapse: Callable[[float], float]
+) -> None:
     stale = store.lock(name, ttl=0.3)
     assert stale.acquire()
-    sleep(0.5)
+    sleep(lapse(0.3))
     fresh = other_store.lock(name, ttl=10)
     assert fresh.acquire()
     assert fresh.token is not None and stale.token is not None
@@ -99,33 +102,37 @@ def test_expired_then_taken_is_lost(store: Store, other_store: Store, name: str)
     fresh.release()
 
 
-def test_expired_and_free_is_expired(store: Store, name: str) -> None:
+def test_expired_and_free_is_expired(
+    store: Store, name: str, lapse: Callable[[float], float]
+) -> None:
     lock = store.lock(name, ttl=0.3)
     assert lock.acquire()
-    sleep(0.5)
+    sleep(lapse(0.3))
     with pytest.raises(LockExpired, match=name):
         lock.release()
     assert lock.acquire()
-    sleep(0.5)
+    sleep(lapse(0.3))
     with pytest.raises(LockExpired):
         lock.extend()
 
 
-def test_extend_resets_ttl(store: Store, name: str) -> None:
+def test_extend_resets_ttl(store: Store, name: str, lapse: Callable[[float], float]) -> None:
     lock = store.lock(name, ttl=0.5)
     assert lock.acquire()
     lock.extend(ttl=10)
     info = store.lock_info(name)
     assert info is not None and info.ttl > 5
-    sleep(0.6)
+    sleep(lapse(0.5))
     assert lock.owned()
     lock.extend()  # back to the lock's own ttl
     info = store.lock_info(name)
-    assert info is not None and info.ttl <= 0.5
+    assert info is not None and info.ttl <= lapse(0.5)
     lock.release()
 
 
-def test_release_hold_for_keeps_it_closed(store: Store, other_store: Store, name: str) -> None:
+def test_release_hold_for_keeps_it_closed(
+    store: Store, other_store: Store, name: str, lapse: Callable[[float], float]
+) -> None:
     lock = store.lock(name, ttl=10)
     assert lock.acquire()
     token = lock.token
@@ -135,7 +142,7 @@ def test_release_hold_for_keeps_it_closed(store: Store, other_store: Store, name
     assert lock.locked()
     other = other_store.lock(name, ttl=10)
     assert not other.acquire()
-    sleep(0.8)
+    sleep(lapse(0.6))
     assert other.acquire()
     assert other.token is not None and token is not None and other.token > token
     other.release()
@@ -216,21 +223,25 @@ def test_context_manager(store: Store, other_store: Store, name: str) -> None:
     assert store.lock_info(name) is None
 
 
-def test_context_manager_reports_loss_on_exit(store: Store, other_store: Store, name: str) -> None:
+def test_context_manager_reports_loss_on_exit(
+    store: Store, other_store: Store, name: str, lapse: Callable[[float], float]
+) -> None:
     with pytest.raises(LockLost):
         with store.lock(name, ttl=0.3):
-            sleep(0.5)
+            sleep(lapse(0.3))
             assert other_store.lock(name, ttl=10).acquire()
     assert store.force_release(name)
     with pytest.raises(LockExpired):
         with store.lock(name, ttl=0.3):
-            sleep(0.5)
+            sleep(lapse(0.3))
 
 
-def test_context_manager_never_masks_the_error_in_flight(store: Store, name: str) -> None:
+def test_context_manager_never_masks_the_error_in_flight(
+    store: Store, name: str, lapse: Callable[[float], float]
+) -> None:
     with pytest.raises(KeyError) as caught:
         with store.lock(name, ttl=0.3):
-            sleep(0.5)
+            sleep(lapse(0.3))
             raise KeyError("the real problem")
     notes = getattr(caught.value, "__notes__", [])
     assert any(name in note for note in notes)
@@ -288,13 +299,15 @@ def test_auto_renew_reports_loss(store: Store, other_store: Store, name: str) ->
         lock.release()
 
 
-def test_check_owned_locked(store: Store, other_store: Store, name: str) -> None:
+def test_check_owned_locked(
+    store: Store, other_store: Store, name: str, lapse: Callable[[float], float]
+) -> None:
     lock = store.lock(name, ttl=0.3)
     assert not lock.locked()
     assert not lock.owned()
     assert lock.acquire()
     lock.check()
-    sleep(0.5)
+    sleep(lapse(0.3))
     assert not lock.owned()
     other = other_store.lock(name, ttl=10)
     assert other.acquire()

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -164,7 +165,8 @@ def wait_on_dead_server(url: str, name: str, flavour: str, fault: Callable[[], N
             assert not thread.is_alive(), "the waiter hung on a dead server"
             elapsed = time.monotonic() - began
             assert isinstance(outcome[0], corral.BackendUnavailable), outcome
-            assert url.split("@")[-1].split("/")[2] in str(outcome[0])  # names the server
+            where = urlsplit(url)
+            assert f"{where.hostname}:{where.port}" in str(outcome[0])  # names the server
             return elapsed
 
     async def scenario() -> float:

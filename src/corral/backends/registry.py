@@ -34,7 +34,7 @@ BACKENDS: dict[str, BackendSpec] = {
     "sqlite": BackendSpec("sqlite", "AsyncSQLiteBackend", None),
     "redis": BackendSpec("redis", "AsyncRedisBackend", "redis", ("redis",)),
     "rediss": BackendSpec("redis", "AsyncRedisBackend", "redis", ("redis",)),
-    "memcached": BackendSpec("memcached", "AsyncMemcachedBackend", "memcached", ("pymemcache",)),
+    "memcached": BackendSpec("memcached", "AsyncMemcachedBackend", None),
     "etcd": BackendSpec("etcd", "AsyncEtcdBackend", "etcd", ("httpx",)),
     "etcds": BackendSpec("etcd", "AsyncEtcdBackend", "etcd", ("httpx",)),
     "postgresql": BackendSpec("postgres", "AsyncPostgresBackend", "postgres", ("psycopg",)),

@@ -37,3 +37,6 @@ class Capabilities:
     on_server_restart: str
     on_partition: str
     on_memory_pressure: str
+    ttl_slack: float = 0.0
+    """How much longer than its TTL an unrenewed lock may stay held (servers that count
+    whole seconds round up, so a lock never ends early)."""

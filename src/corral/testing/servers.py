@@ -265,6 +265,30 @@ def _exit_status(pid: int) -> int | None:
     return int(result.si_status)
 
 
+def _children(pid: int) -> list[int]:
+    """Direct children of `pid`: servers whose workers leave the parent's process
+    group (PostgreSQL backends call setsid) are out of reach of `killpg`."""
+    found: list[int] = []
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return found
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def _signal_pid(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
@@ -467,10 +491,14 @@ class ServerProcess:
         """
         self._require_running()
         _signal_group(self.pid, signal.SIGSTOP)
+        for child in _children(self.pid):
+            _signal_pid(child, signal.SIGSTOP)
 
     def resume(self) -> None:
         """Undo `pause()`."""
         self._require_running()
+        for child in _children(self.pid):
+            _signal_pid(child, signal.SIGCONT)
         _signal_group(self.pid, signal.SIGCONT)
 
     def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:

@@ -1,0 +1,598 @@
+"""`postgresql://` and `postgres://`: locks as rows in one PostgreSQL table.
+
+**A lock is a row, not a held transaction or an advisory lock.** A session
+advisory lock (`pg_advisory_lock`) looks tempting, but it belongs to a
+connection: it dies with it (a network blip frees the lock while its holder
+keeps working, with no fencing token to catch it), it cannot have a TTL (a
+holder that hangs holds it forever), and it pins a pooled connection for the
+whole time the user's code runs. A transaction held open around the user's
+code (`SELECT … FOR UPDATE`) has the same faults and also blocks vacuum. So
+every statement here runs in autocommit, returns its connection to the pool
+at once, and a lock is a row with an owner, a fencing token and an expiry on
+the server's clock; nothing stays open on the server while the user's code
+runs. The SQL, the schema and why each statement is as it is live in
+`corral.backends.postgres_sql`.
+
+**One statement per primitive.** Acquiring is one `INSERT … ON CONFLICT (name)
+DO UPDATE … WHERE <expired>` that also reports the holder's seconds left when
+it did not take the lock; a fair acquisition adds the queue to that same
+statement. Release, extend, force-release and leaving the queue are each one
+compare-and-change statement that also says what it found and, where waiters
+should wake, calls `pg_notify` in it. With the connection pool
+(`psycopg_pool`, up to `max_connections`) each primitive is one round trip.
+
+**Wake-ups by LISTEN/NOTIFY.** One dedicated connection per store and process,
+outside the pool, LISTENs on the store's channel; a listener (an asyncio task
+here, a daemon thread in the blocking flavour) hands each notification to the
+waiters of the lock it names. The LISTEN completes before the first waiter's
+`__aenter__` returns, and a waiter is registered before its own returns, so a
+release committed after that is heard: no lost wake-up. If that connection
+fails, every waiter is woken, re-attempts, and the next wait opens a new one.
+
+**Timeouts.** Every call fails with `BackendUnavailable` within about
+`timeout` seconds: the pool waits that long for a connection, `connect_timeout`
+bounds a new connection, the server ends a statement after
+`statement_timeout`, and the watchdog in `postgres_sql` cuts the socket of a
+statement the server does not answer at all (a paused or unreachable server).
+
+**fork.** A child must not use its parent's connections, pool or listener (the
+bytes of two processes would interleave on one socket), nor close them (that
+would end the parent's sessions). After a fork the child leaves them alone
+and opens its own on first use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import weakref
+from types import TracebackType
+from typing import Any, ClassVar
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.rows import TupleRow
+from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
+
+from corral._async._compat import Event, Lock, Worker, spawn
+from corral._async.backends.base import AsyncBackend, AsyncWaiter
+from corral.backends import postgres_sql as sql
+from corral.core.capabilities import Capabilities
+from corral.core.clock import Clock
+from corral.core.primitives import Attempt, LockInfo, Outcome
+from corral.errors import BackendError, BackendUnavailable, ConfigError
+
+__all__ = ["AsyncPostgresBackend"]
+
+_Connection = psycopg.AsyncConnection[TupleRow]
+
+# How long the listener waits for notifications before it looks at its flags again.
+LISTEN_POLL = 1.0
+
+
+class _Closed(Exception):
+    """The store was closed; mapped to a BackendError naming the lock."""
+
+
+class _Process:
+    """What one process owns; a forked child starts with a new one (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.start_lock = Lock()
+        self.pool: AsyncConnectionPool[_Connection] | None = None
+        self.feed: AsyncReleaseFeed | None = None
+
+
+class AsyncReleaseFeed:
+    """One LISTEN connection (and one listener) per backend and process, shared by every waiter.
+
+    A feed that fails is never repaired (notifications may have been missed
+    while it was down): it wakes every waiter and the backend starts a new
+    one on next use.
+    """
+
+    def __init__(self, options: sql.PostgresOptions, statements: sql.Statements) -> None:
+        self.pid = os.getpid()
+        self._options = options
+        self._sql = statements
+        # Serialises starting (connect and LISTEN) and closing.
+        self._start_lock = Lock()
+        # Guards the tables; a thread lock in both flavours, never held across I/O.
+        self._mutex = threading.Lock()
+        self._events: dict[str, set[Event]] = {}
+        self._conn: _Connection | None = None
+        self._fd = -1
+        self._worker: Worker | None = None
+        self.failure: BaseException | None = None
+        self.closed = False
+
+    @property
+    def usable(self) -> bool:
+        return self.failure is None and not self.closed and self.pid == os.getpid()
+
+    async def join(self, key: str, event: Event, alarm: sql.Alarm) -> None:
+        """Have `event` set on every notification for `key`; return once LISTEN is in force."""
+        async with self._start_lock:
+            self._raise_if_unusable()
+            if self._conn is None:
+                await self._start(alarm)
+        with self._mutex:
+            self._raise_if_unusable()
+            self._events.setdefault(key, set()).add(event)
+
+    def leave(self, key: str, event: Event) -> None:
+        """Undo one `join`."""
+        with self._mutex:
+            events = self._events.get(key)
+            if events is not None:
+                events.discard(event)
+                if not events:
+                    del self._events[key]
+
+    async def _start(self, alarm: sql.Alarm) -> None:
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                self._options.listen_conninfo, autocommit=True
+            )
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+        try:
+            with sql.watchdog().armed(conn.fileno(), self._options.timeout, alarm):
+                await conn.execute(self._sql.listen)
+        except BaseException as exc:
+            self._fail(exc)
+            with contextlib.suppress(Exception):
+                await conn.close()
+            raise
+        with self._mutex:
+            self._conn = conn
+            self._fd = conn.fileno()
+        self._worker = spawn(self._listen, name="corral-postgres-releases")
+
+    async def _listen(self) -> None:
+        conn = self._conn
+        assert conn is not None
+        try:
+            while self.usable:
+                async for note in conn.notifies(timeout=LISTEN_POLL):
+                    self._dispatch(note.payload)
+        except Exception as exc:
+            self._fail(exc)
+        finally:
+            self._fail(psycopg.OperationalError("the LISTEN connection's listener stopped"))
+            with self._mutex:
+                self._fd = -1  # aclose must not touch the socket once it is closed
+            if self.pid == os.getpid():
+                with contextlib.suppress(Exception):
+                    await conn.close()
+
+    def _dispatch(self, key: str) -> None:
+        with self._mutex:
+            events = list(self._events.get(key, ()))
+        for event in events:
+            event.set()
+
+    def _raise_if_unusable(self) -> None:
+        if self.closed:
+            raise _Closed
+        if self.failure is not None:
+            raise psycopg.OperationalError(f"the LISTEN connection failed ({self.failure})")
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._mutex:
+            if self.failure is None and not self.closed:
+                self.failure = exc
+        self._wake_all()
+
+    def _wake_all(self) -> None:
+        """Wake every waiter: each re-attempts, and nothing hangs on a dead connection."""
+        with self._mutex:
+            events = [event for events in self._events.values() for event in events]
+        for event in events:
+            event.set()
+
+    async def aclose(self) -> None:
+        async with self._start_lock:
+            with self._mutex:
+                self.closed = True
+                if self._fd >= 0 and self.pid == os.getpid():
+                    # Ends the listener's wait at once; it then closes the connection.
+                    sql.shutdown_socket(self._fd)
+        self._wake_all()
+        worker = self._worker
+        if worker is not None and self.pid == os.getpid():
+            await worker.join()
+
+
+class AsyncPostgresWaiter(AsyncWaiter):
+    """Hears releases from every process through the backend's feed, and this process's directly.
+
+    If the feed fails, the next `wait` joins a new one and reports a wake-up,
+    so the caller re-attempts only after the new LISTEN is in force: no
+    release falls in between unheard.
+    """
+
+    def __init__(self, backend: AsyncPostgresBackend, name: str) -> None:
+        super().__init__(backend.local_bus, name)
+        self._backend = backend
+        self._key = sql.notify_key(name)
+        self._feed: AsyncReleaseFeed | None = None
+
+    async def __aenter__(self) -> AsyncPostgresWaiter:
+        await super().__aenter__()
+        try:
+            self._feed = await self._backend._subscribe(self._name, self._key, self._event)
+        except BaseException:
+            await super().__aexit__(None, None, None)
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        feed, self._feed = self._feed, None
+        if feed is not None:
+            feed.leave(self._key, self._event)
+        await super().__aexit__(exc_type, exc, tb)
+
+    async def wait(self, timeout: float) -> bool:
+        feed = self._feed
+        if feed is not None and feed.usable:
+            return await super().wait(timeout)
+        self._feed = None
+        if feed is not None:
+            feed.leave(self._key, self._event)
+        try:
+            self._feed = await self._backend._subscribe(self._name, self._key, self._event)
+        except BackendError:
+            # The next attempt will report the server's state; until then, poll.
+            return await super().wait(timeout)
+        self._event.clear()
+        return True
+
+
+_BACKENDS: weakref.WeakSet[AsyncPostgresBackend] = weakref.WeakSet()
+# The parents' pools and connections a forked child must neither use nor finalise.
+_ABANDONED: list[_Process] = []
+
+
+class AsyncPostgresBackend(AsyncBackend):
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        scheme="postgresql",
+        notifies=True,
+        cross_process=True,
+        cross_host=True,
+        linearizable=True,
+        fair=True,
+        replicas=False,
+        ttl_clock="the PostgreSQL server's clock (clock_timestamp())",
+        on_client_crash=(
+            "the lock stays held until its TTL runs out on the server, then anyone may take "
+            "it; the crash leaves no transaction or session lock behind"
+        ),
+        on_server_restart=(
+            "locks are rows, so they survive a restart with their expiry, which keeps running "
+            "on the server's clock meanwhile, and tokens never go backwards; only with "
+            "synchronous_commit=off or fsync=off can a crash forget the last acquisitions and "
+            "reissue their tokens"
+        ),
+        on_partition=(
+            "one primary decides every acquisition, and a client cut off from it gets "
+            "BackendUnavailable within its timeout; a failover to an asynchronously "
+            "replicated standby can lose the last acquisitions (two holders, tokens reissued), "
+            "so use synchronous replication where failover must keep them"
+        ),
+        on_memory_pressure=(
+            "never evicted: locks are rows on disk; a full disk makes acquisitions fail "
+            "with an error instead"
+        ),
+    )
+
+    def __init__(self, options: sql.PostgresOptions) -> None:
+        super().__init__()
+        self._options = options
+        self._timeout = options.timeout
+        self._sql = sql.Statements(options.schema, options.table_prefix)
+        self._schema_ready = False
+        self._closed = False
+        self._mutex = threading.Lock()
+        self._proc = _Process()
+        _BACKENDS.add(self)
+
+    @classmethod
+    def from_url(cls, url: str, *, clock: Clock, **options: Any) -> AsyncPostgresBackend:
+        """Open a backend on `url`; the clock is unused, as the server's clock decides expiry."""
+        return cls(sql.parse_url(url, options))
+
+    @property
+    def server(self) -> str:
+        return self._options.server
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.server}>"
+
+    # -- connections ----------------------------------------------------------------
+
+    def _here(self) -> _Process:
+        proc = self._proc
+        if proc.pid != os.getpid():  # a fork the at-fork hook did not see
+            self._forget_parent()
+            proc = self._proc
+        return proc
+
+    def _forget_parent(self) -> None:
+        """In a forked child: leave the parent's pool and listener alone, start afresh."""
+        _ABANDONED.append(self._proc)
+        self._proc = _Process()
+        self._mutex = threading.Lock()
+
+    async def _pool(self, alarm: sql.Alarm) -> AsyncConnectionPool[_Connection]:
+        proc = self._here()
+        pool = proc.pool
+        if pool is None:
+            async with proc.start_lock:
+                pool = proc.pool
+                if pool is None:
+                    if self._closed:
+                        raise _Closed
+                    if not self._schema_ready:
+                        await self._prepare(alarm)
+                    pool = AsyncConnectionPool(
+                        self._options.conninfo,
+                        kwargs={"autocommit": True},
+                        min_size=1,
+                        max_size=self._options.max_connections,
+                        timeout=self._timeout,
+                        # Give up on a failed connection attempt soon, so the next call
+                        # tries afresh instead of waiting out a long reconnection backoff.
+                        reconnect_timeout=self._timeout,
+                        configure=self._configure,
+                        name="corral-postgres",
+                        open=False,
+                    )
+                    await pool.open(wait=False)
+                    proc.pool = pool
+        return pool
+
+    async def _prepare(self, alarm: sql.Alarm) -> None:
+        """First use: connect directly, so a bad URL or login shows libpq's own error rather
+        than a pool timeout, and create the tables unless they exist."""
+        statements = self._sql
+        async with await psycopg.AsyncConnection.connect(
+            self._options.conninfo, autocommit=True
+        ) as conn:
+            with sql.watchdog().armed(conn.fileno(), self._timeout, alarm):
+                cursor = await conn.execute(statements.ready, statements.ready_params)
+                row = await cursor.fetchone()
+                assert row is not None
+                has_schema, has_tables = row
+                if not has_tables:
+                    async with conn.transaction():
+                        # Serialises concurrent creators: see postgres_sql's docstring.
+                        await conn.execute(statements.schema_lock, {"key": sql.SCHEMA_LOCK_KEY})
+                        if not has_schema:
+                            await conn.execute(statements.create_schema)
+                        for statement in statements.ddl:
+                            await conn.execute(statement)
+        self._schema_ready = True
+
+    async def _configure(self, conn: _Connection) -> None:
+        # The server ends a statement stuck on a row lock (say, a foreign transaction
+        # holding corral's rows) by itself, leaving the connection usable.
+        ms = f"{max(1, round(self._timeout * 1000))}ms"
+        with sql.watchdog().armed(conn.fileno(), self._timeout):
+            await conn.execute("SELECT set_config('statement_timeout', %s, false)", [ms])
+
+    async def _borrow(self, pool: AsyncConnectionPool[_Connection]) -> _Connection:
+        """A pooled connection, skipping those the server closed while they were idle."""
+        deadline = time.monotonic() + self._timeout
+        # Bounded, so a connection that always looks readable cannot loop us to the timeout.
+        for _ in range(self._options.max_connections + 1):
+            conn = await pool.getconn(timeout=max(deadline - time.monotonic(), 0.001))
+            if not sql.readable(conn.fileno()):
+                return conn
+            # The server ended this idle session (a restart, an idle timeout): drop it.
+            with contextlib.suppress(Exception):
+                await conn.close()
+            await pool.putconn(conn)
+        return await pool.getconn(timeout=max(deadline - time.monotonic(), 0.001))
+
+    async def _fetch(
+        self, name: str, action: str, query: str, params: dict[str, Any]
+    ) -> list[tuple[Any, ...]]:
+        """Run one statement on a pooled connection, with every failure mapped to corral's."""
+        alarm = sql.Alarm()
+        try:
+            pool = await self._pool(alarm)
+            conn = await self._borrow(pool)
+            try:
+                with sql.watchdog().armed(conn.fileno(), self._timeout, alarm):
+                    cursor = await conn.execute(query, params)
+                    rows = await cursor.fetchall()
+            finally:
+                await pool.putconn(conn)
+        except (psycopg.Error, OSError, _Closed) as exc:
+            raise self._error(exc, name, action, alarm.fired) from exc
+        return rows
+
+    # -- errors ---------------------------------------------------------------------
+
+    def _error(
+        self, exc: BaseException, name: str, action: str, timed_out: bool = False
+    ) -> BackendError:
+        """The corral error for a psycopg failure: names the lock and server, says what to do."""
+        where = f"lock {name!r} on {self.server}: could not {action} it"
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        if self._options.password:
+            text = text.replace(self._options.password, "***")
+        if isinstance(exc, (_Closed, PoolClosed)):
+            return BackendError(f"{where}: the store is closed; open a new one")
+        if timed_out or isinstance(exc, pg_errors.QueryCanceled):
+            return BackendUnavailable(
+                f"{where}: the server did not answer within {self._timeout:g} s; check that "
+                "PostgreSQL is running, reachable and not overloaded, or raise timeout="
+            )
+        if isinstance(exc, PoolTimeout):
+            return BackendUnavailable(
+                f"{where}: no connection to the server within {self._timeout:g} s: it is "
+                "down or unreachable, it refused the login (the 'psycopg.pool' log says "
+                f"why), or all max_connections={self._options.max_connections} stayed busy; "
+                "check the server and the URL, or raise timeout= or max_connections="
+            )
+        if isinstance(exc, pg_errors.ReadOnlySqlTransaction):
+            return BackendError(
+                f"{where}: the server is a read-only standby ({text}); point the URL at the "
+                "primary, e.g. list every host and add target_session_attrs=read-write"
+            )
+        if isinstance(exc, pg_errors.InsufficientPrivilege):
+            return BackendError(
+                f"{where}: permission denied ({text}); grant the role SELECT, INSERT, UPDATE "
+                "and DELETE on corral's tables and USAGE on its sequences, or have an owner "
+                "create them with corral.backends.postgres_sql.migration_sql()"
+            )
+        if isinstance(exc, pg_errors.UndefinedTable):
+            return BackendError(
+                f"{where}: corral's tables are gone ({text}); recreate them with "
+                "corral.backends.postgres_sql.migration_sql(), or open a new store"
+            )
+        if isinstance(exc, (psycopg.OperationalError, OSError)):
+            return BackendUnavailable(
+                f"{where}: the server could not be reached, refused the connection or "
+                f"dropped it ({text}); check that PostgreSQL is running and reachable from "
+                "here, and the URL's user, password, database and TLS settings"
+            )
+        return BackendError(
+            f"{where}: PostgreSQL answered with an error ({text}); check the server's log"
+        )
+
+    # -- primitives -----------------------------------------------------------------
+
+    async def try_acquire(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        *,
+        queue_ttl: float | None = None,
+        replicas: int = 0,
+        replica_timeout: float = 1.0,
+    ) -> Attempt:
+        if replicas:
+            raise ConfigError(f"{self.server} does not support replicas=N")
+        params: dict[str, Any] = {"name": name, "owner": owner, "ttl": float(ttl)}
+        query = self._sql.acquire
+        if queue_ttl is not None:
+            query = self._sql.acquire_fair
+            params["queue_ttl"] = float(queue_ttl)
+        rows = await self._fetch(name, "acquire", query, params)
+        if not rows:
+            return Attempt(False)  # free, but another fair waiter is ahead
+        granted, token, left = rows[0]
+        if granted:
+            return Attempt(True, token=int(token))
+        return Attempt(False, holder_ttl=max(0.0, float(left)))
+
+    async def release(self, name: str, owner: str, hold_for: float = 0.0) -> Outcome:
+        params: dict[str, Any] = {"name": name, "owner": owner}
+        if hold_for > 0:
+            query = self._sql.close
+            params["hold"] = float(hold_for)
+        else:
+            query = self._sql.release
+            params["channel"] = self._sql.channel
+            params["key"] = sql.notify_key(name)
+        rows = await self._fetch(name, "release", query, params)
+        outcome = self._outcome(rows)
+        if outcome is Outcome.OK and hold_for <= 0:
+            self.local_bus.notify(name)
+        return outcome
+
+    async def extend(self, name: str, owner: str, ttl: float) -> Outcome:
+        params = {"name": name, "owner": owner, "ttl": float(ttl)}
+        return self._outcome(await self._fetch(name, "extend", self._sql.extend, params))
+
+    @staticmethod
+    def _outcome(rows: list[tuple[Any, ...]]) -> Outcome:
+        changed, held = rows[0]
+        if changed:
+            return Outcome.OK
+        return Outcome.LOST if held else Outcome.EXPIRED
+
+    async def inspect(self, name: str) -> LockInfo | None:
+        rows = await self._fetch(name, "inspect", self._sql.inspect, {"name": name})
+        if not rows:
+            return None
+        owner, token, left = rows[0]
+        return LockInfo(name, owner, int(token), max(0.0, float(left)))
+
+    async def force_release(self, name: str) -> bool:
+        params = {"name": name, "channel": self._sql.channel, "key": sql.notify_key(name)}
+        rows = await self._fetch(name, "force-release", self._sql.force_release, params)
+        released = bool(rows[0][0])
+        if released:
+            self.local_bus.notify(name)
+        return released
+
+    async def leave_queue(self, name: str, owner: str) -> None:
+        params = {
+            "name": name,
+            "owner": owner,
+            "channel": self._sql.channel,
+            "key": sql.notify_key(name),
+        }
+        if await self._fetch(name, "leave the queue of", self._sql.leave_queue, params):
+            self.local_bus.notify(name)
+
+    # -- wake-ups -------------------------------------------------------------------
+
+    def waiter(self, name: str) -> AsyncPostgresWaiter:
+        return AsyncPostgresWaiter(self, name)
+
+    def _current_feed(self) -> AsyncReleaseFeed:
+        proc = self._here()
+        with self._mutex:
+            feed = proc.feed
+            if feed is None or not feed.usable:
+                feed = proc.feed = AsyncReleaseFeed(self._options, self._sql)
+            return feed
+
+    async def _subscribe(self, name: str, key: str, event: Event) -> AsyncReleaseFeed:
+        alarm = sql.Alarm()
+        try:
+            if self._closed:
+                raise _Closed
+            feed = self._current_feed()
+            await feed.join(key, event, alarm)
+        except (psycopg.Error, OSError, _Closed) as exc:
+            raise self._error(exc, name, "wait for", alarm.fired) from exc
+        return feed
+
+    async def aclose(self) -> None:
+        self._closed = True
+        proc = self._proc
+        if proc.pid != os.getpid():
+            return  # the parent's: never close it from a child
+        async with proc.start_lock:
+            pool, proc.pool = proc.pool, None
+        with self._mutex:
+            feed, proc.feed = proc.feed, None
+        if feed is not None:
+            await feed.aclose()
+        if pool is not None:
+            await pool.close(timeout=self._timeout)
+
+
+def _forget_parents() -> None:
+    for backend in list(_BACKENDS):
+        backend._forget_parent()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_parents)

@@ -1,0 +1,144 @@
+# Generated from src/corral/_async/backends/memcached.py by scripts/unasync.py: do not edit.
+# Edit the asyncio flavour and run `python scripts/unasync.py`.
+"""`memcached://host:port`: locks on one memcached server (>= 1.6.10, for the meta protocol).
+
+The keys, values, the meta protocol, the connections and the atomic steps live
+in `corral.backends.memcached_proto` (blocking, shared by both flavours; its
+docstring says why each is as it is, and why corral speaks the meta protocol
+itself instead of going through pymemcache). This class runs them off the
+event loop and wakes this process's waiters.
+
+**Why a worker thread per call, not asyncio I/O.** The blocking flavour is
+generated from this file, so whatever this file awaits must have a blocking
+twin; a hand-written asyncio client would be a second implementation of the
+protocol and the connection handling, the drift corral exists to avoid. A
+round trip to memcached is a fraction of a millisecond, and the thread hop
+(`run_sync`, as the SQLite backend does) costs about as much again, on the
+default executor's threads. Every call is bounded by `timeout` inside the
+blocking code, so a worker thread never hangs on a dead server. The price:
+a cancelled call still finishes in its thread. For an acquisition attempt
+that matters (the lock logic then releases the attempt's owner, and that
+release must not overtake the `add`), so each attempt takes an
+`AttemptTicket` first; see there.
+
+memcached cannot push a release to other processes, so their waiters poll
+with the lock logic's capped, jittered backoff; releases made in this process
+wake its waiters at once through the local bus. `fair=True` is not offered.
+A ticket queue could be built from `ma` (take a number), heartbeat keys with
+short TTLs and CAS on a "now serving" counter, but skipping a dead head is a
+race between waiters, and an eviction of either counter silently reorders the
+queue: not the guarantee `fair=True` promises elsewhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from corral._sync._compat import run_sync
+from corral._sync.backends.base import Backend
+from corral.backends.memcached_proto import MemcachedLocks, MemcachedOptions, parse_url
+from corral.core.capabilities import Capabilities
+from corral.core.clock import Clock
+from corral.core.primitives import Attempt, LockInfo, Outcome
+from corral.errors import ConfigError
+
+__all__ = ["MemcachedBackend"]
+
+
+class MemcachedBackend(Backend):
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        scheme="memcached",
+        notifies=False,
+        cross_process=True,
+        cross_host=True,
+        # One server does serialise every command on a key, but a lock can vanish
+        # under a holder (eviction, restart), and nothing replicates it.
+        linearizable=False,
+        fair=False,
+        replicas=False,
+        ttl_slack=3.0,
+        ttl_clock=(
+            "the memcached server's clock, in whole seconds: a lock is stored for "
+            "ceil(ttl) + 2 s, so it never ends before its ttl and may outlast it by up to 3 s"
+        ),
+        on_client_crash=(
+            "the lock stays held until its TTL runs out on the server (up to 3 s late, "
+            "memcached counting whole seconds), then anyone may take it"
+        ),
+        on_server_restart=(
+            "a restart (unless graceful, in memcached's restartable mode -e) or flush_all "
+            "forgets every lock, so a holder can overlap with a new one; fencing tokens still "
+            "increase, as a lost "
+            "counter restarts at the current time in microseconds (a client's clock: keep "
+            "clocks in sync)"
+        ),
+        on_partition=(
+            "one server, no replication: a client cut off from it cannot acquire, extend or "
+            "release (BackendUnavailable within the timeout); its lock stays on the server "
+            "until the TTL runs out"
+        ),
+        on_memory_pressure=(
+            "a full memcached evicts least recently used items, held locks included: the lock "
+            "silently frees and another process can acquire it while the first still works, "
+            "so only the fencing token protects downstream storage; give locks a memcached of "
+            "their own, or start it with -M, where a full server refuses new locks instead"
+        ),
+    )
+
+    def __init__(self, options: MemcachedOptions) -> None:
+        super().__init__()
+        self._locks = MemcachedLocks(options)
+
+    @classmethod
+    def from_url(cls, url: str, *, clock: Clock, **options: Any) -> MemcachedBackend:
+        """Open a backend on `url`; the clock is unused, as the server's clock decides expiry."""
+        return cls(parse_url(url, options))
+
+    @property
+    def server(self) -> str:
+        return self._locks.server
+
+    @property
+    def prefix(self) -> str:
+        return self._locks.prefix
+
+    def try_acquire(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        *,
+        queue_ttl: float | None = None,
+        replicas: int = 0,
+        replica_timeout: float = 1.0,
+    ) -> Attempt:
+        if replicas:
+            raise ConfigError(f"{self.server} does not support replicas=N")
+        if queue_ttl is not None:
+            raise ConfigError(f"{self.server} does not support fair=True locks")
+        ticket = self._locks.begin_attempt(name, owner)
+        try:
+            return run_sync(self._locks.try_acquire, ticket, ttl)
+        finally:
+            ticket.abandon()  # if the attempt never started, it never will
+
+    def release(self, name: str, owner: str, hold_for: float = 0.0) -> Outcome:
+        outcome = run_sync(self._locks.release, name, owner, hold_for)
+        if outcome is Outcome.OK and hold_for <= 0:
+            self.local_bus.notify(name)
+        return outcome
+
+    def extend(self, name: str, owner: str, ttl: float) -> Outcome:
+        return run_sync(self._locks.extend, name, owner, ttl)
+
+    def inspect(self, name: str) -> LockInfo | None:
+        return run_sync(self._locks.inspect, name)
+
+    def force_release(self, name: str) -> bool:
+        released = run_sync(self._locks.force_release, name)
+        if released:
+            self.local_bus.notify(name)
+        return released
+
+    def close(self) -> None:
+        run_sync(self._locks.close)

@@ -1,0 +1,1152 @@
+"""The memcached lock store shared by both flavours: keys, values, the meta protocol, one server.
+
+Everything here blocks. The asyncio backend calls it through `run_sync` (a
+worker thread) and the generated blocking backend calls it directly, so the
+protocol, the connection handling and the compare-and-swap loops exist once.
+`MemcachedLocks` holds the primitives of *one* server; a pool with client-side
+sharding will place each lock on a server by `LockKeys.route` and call that
+server's `MemcachedLocks`, unchanged.
+
+**Atomicity, with the meta protocol (memcached >= 1.6.10).** An acquisition is
+`ms <lock> <len> ME T<ttl>`: the meta form of `add`, which stores only if the
+key is absent, atomically on the server. Release and extend must change the
+lock only if it is still the caller's, and a plain `delete` cannot say so: a
+holder whose TTL ran out would delete the next holder's lock (dogpile.cache,
+tooz and sherlock release that way). So both read the lock with
+`mg <lock> v c` (value and CAS in one reply), check the owner, then write with
+the CAS they read: `md <lock> C<cas>` (compare-and-delete), or
+`ms <lock> <len> C<cas> T<ttl>` (compare-and-set, for extend and `hold_for`).
+The server applies the write only if nothing touched the key in between, else
+answers EX (changed: read again) or NF (gone: expired). CAS values are unique
+per server but restart from 1 with the server, so the read and the write go
+over one connection: a restart in between breaks it instead of comparing
+against a number the new server may have handed to someone else. A server
+started with `-C` has no CAS at all and is refused with a clear error.
+
+**Why not pymemcache.** Its API has `gets`/`cas` but no compare-and-delete.
+`Client.raw_command` can send meta commands, but it reads a reply up to a fixed
+end token, so it cannot read one that carries a data block: `mg <key> v c t`
+answers `VA <len> c.. t..`, then the value; raw_command returns the first line
+and drops (or, when it arrives later, leaves on the socket for the next
+command) the value. Without it, reading a lock takes two commands (`gets`,
+then a TTL probe) that do not describe one instant; nor can it pipeline two
+commands in one round trip. Its `PooledClient` raises when full instead of
+waiting, does not notice `fork`, and applies `timeout` to each socket call, so
+a two-step operation can take twice as long. What it would have given us is
+the socket and TLS set-up, which the standard library does in a few lines, so
+this module speaks the meta protocol itself.
+
+**Round trips.** An attempt on a held lock costs one (a probe of the lock
+and a read of the fencing counter, together). On a free lock a second carries
+the `add`, the counter's increment and, in case a racer got there first, a
+probe of the winner's TTL; a third is needed only when another client drew a
+token in between (see below). Release and extend cost two; `inspect` and
+`force_release` one.
+
+**TTLs in whole seconds.** memcached keeps time in whole seconds, on a clock
+that ticks once a second; an item given `T<n>` vanishes at the n-th tick, so
+between n-1 and n seconds later, and slightly sooner when the tick drifts
+across a second boundary (about every 40 minutes the counter jumps by 2). So a
+lock is stored with `T<ceil(ttl) + 2>`: it lives at least its ttl, never less
+(the guarantee the lock logic's renewals rely on), and at most ceil(ttl) + 2 s
+(so a crashed holder's lock outstays its ttl by less than 3 s). Sub-second TTLs
+are therefore not honoured precisely on memcached. `inspect` reports the
+remaining TTL minus that margin (what is left of the lease the holder was
+granted); a failed attempt reports the full remaining TTL as `holder_ttl`, so a
+waiter never polls in a tight loop for the margin. memcached reads a TTL
+above 30 days as a Unix time, so longer ones are sent as one, computed on this
+client's clock; nothing can last past 2038-01-19 (memcached's Unix times are
+32-bit).
+
+**Fencing tokens.** A per-lock counter, incremented with `ma` (atomic).
+Tokens must increase in the order of acquisitions, so a token is drawn only
+*after* its `add` succeeded: a token drawn before could go to an attempt that
+stalls while another client acquires, with a higher token, and releases, and
+then succeeds with the lower one. To keep two round trips, the attempt reads
+the counter with its probe, stores `counter + 1` with the `add`, and sends the
+increment right behind the `add` on the same connection. If the increment
+returns exactly `counter + 1`, nobody drew a token between the read and the
+increment, so the stored token was in effect drawn after the `add`. Otherwise
+a third round trip rewrites the lock with the token drawn after the `add`, by
+compare-and-set on the `add`'s CAS, so it succeeds only if the lock is still
+ours (else the attempt failed: the lock was evicted meanwhile). Only in that
+window may `inspect` show a token the holder will not keep.
+
+The counter never expires but may be evicted, or lost with a restart: a
+missing counter is created by the increment itself (`ma <fence> N0 J<now>`) at
+the current time in microseconds, above every token issued before, as the
+Redis backend does with the server's clock. memcached has no sub-second clock,
+so the time is this client's; what remains: a counter recreated by a client
+whose clock is behind the highest token ever issued (in microseconds: a clock
+that is behind, or a counter that was incremented more than a million times a
+second on average since it was created) could repeat a token. Keep clocks in
+sync (NTP) and that cannot happen in practice.
+
+**Keys.** `<prefix>:lock:<name>` and `<prefix>:fence:<name>` when the name is
+printable ASCII without spaces and the key fits memcached's 250 bytes; any other
+name (long, spaces, control characters, non-ASCII) becomes
+`<prefix>:lock#<readable part>#<32 hex digits of sha256(name)>`, so every
+`str` is a valid name, deterministically, and the two forms never collide (":"
+and "#" after the kind). Values are `<token>:<owner>` (`<token>:` while closed
+by `hold_for`), as in the Redis backend.
+
+**Connections.** A pool per store and process: thread-safe, bounded by
+`max_connections` if given (a caller waits for a free connection within
+`timeout`), each connection lent to one caller at a time for a whole
+operation. `timeout` bounds a whole operation (waiting for a connection,
+connecting, TLS, every round trip), not each socket call. A connection that
+saw any error or interruption is closed, never reused, so a reply can never
+be read by the wrong caller; an idle connection that turns readable (the
+server closed it, for instance by restarting) is dropped before reuse,
+because resending a command after an error could apply it twice. After
+`fork` the child forgets the parent's connections (closing only its own copies
+of the descriptors) and opens its own. Each new connection authenticates if
+the URL has credentials and checks the server's version.
+
+**TLS and authentication.** memcached >= 1.6 built with TLS serves it with
+`-Z -o ssl_chain_cert=...,ssl_key=...`; pass `tls=True` (system CAs),
+`tls_ca_file=`, `tls_certfile=`/`tls_keyfile=` (client certificates, for
+`ssl_verify_mode`) or a ready `tls_context=ssl.SSLContext`. SASL exists only in
+the binary protocol, which has no meta commands, so it is not supported; the
+text protocol's own authentication (`-Y <file>`, memcached >= 1.5.15) is: put
+`user:password@` in the URL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import os
+import re
+import select
+import socket
+import ssl
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import NamedTuple
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from corral.backends.registry import redact
+from corral.core.primitives import Attempt, LockInfo, Outcome
+from corral.errors import BackendError, BackendUnavailable, ConfigError
+
+__all__ = [
+    "DEFAULT_PORT",
+    "DEFAULT_PREFIX",
+    "DEFAULT_TIMEOUT",
+    "MAX_KEY_BYTES",
+    "MIN_VERSION",
+    "TTL_MARGIN",
+    "AttemptTicket",
+    "LockKeys",
+    "MemcachedLocks",
+    "MemcachedOptions",
+    "ProtocolError",
+    "Reply",
+    "ReplyParser",
+    "check_prefix",
+    "decode_value",
+    "encode_value",
+    "lease_left",
+    "lock_keys",
+    "parse_url",
+    "request",
+    "server_ttl",
+]
+
+DEFAULT_PORT = 11211
+DEFAULT_PREFIX = "corral"
+DEFAULT_TIMEOUT = 5.0
+MAX_KEY_BYTES = 250
+"""memcached refuses longer keys."""
+MAX_PREFIX_CHARS = 100
+READABLE_CHARS = 64
+"""How much of a hashed name stays readable in its key."""
+TTL_MARGIN = 2
+"""Whole seconds added to every TTL sent, so memcached's tick never ends a lock early."""
+MAX_RELATIVE_TTL = 30 * 24 * 3600
+"""memcached reads a larger TTL as a Unix time."""
+MAX_UNIX_TTL = 2**31 - 1
+"""memcached wraps later Unix times around (and then expires the item at once)."""
+MIN_VERSION = (1, 6, 10)
+"""The meta protocol's final syntax (`ms <key> <datalen>`, `HD`) and a working `md C<cas>`."""
+_CAS_RETRIES = 8
+_MAX_LINE = 8192
+_RECV = 65536
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+_PLAIN = re.compile(r"[\x21-\x7e]*")
+_UNSAFE = re.compile(r"[^\x21-\x7e]")
+_VERSION = re.compile(rb"(\d+)\.(\d+)\.(\d+)")
+
+
+# -- keys -------------------------------------------------------------------------
+
+
+class LockKeys(NamedTuple):
+    """Everything one lock name uses on the server."""
+
+    lock: str
+    """`<token>:<owner>` with the lock's TTL; `<token>:` while closed by `hold_for`."""
+    fence: str
+    """The last fencing token handed out; never expires, recreated above the old ones if lost."""
+    route: str
+    """What a router hashes to choose the server: both keys of a lock live on one server."""
+
+
+def check_prefix(prefix: object) -> str:
+    if not isinstance(prefix, str) or not prefix:
+        raise ConfigError(f"prefix must be a non-empty str, got {prefix!r}")
+    if not _PLAIN.fullmatch(prefix) or len(prefix) > MAX_PREFIX_CHARS:
+        raise ConfigError(
+            f"prefix must be at most {MAX_PREFIX_CHARS} printable ASCII characters without "
+            f"spaces (it starts every memcached key), got {prefix!r}"
+        )
+    return prefix
+
+
+def _key(prefix: str, kind: str, name: str) -> str:
+    plain = f"{prefix}:{kind}:{name}"
+    if _PLAIN.fullmatch(name) and len(plain) <= MAX_KEY_BYTES:  # ASCII: chars are bytes
+        return plain
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    head = f"{prefix}:{kind}#"
+    room = min(READABLE_CHARS, MAX_KEY_BYTES - len(head) - 1 - len(digest))
+    return f"{head}{_UNSAFE.sub('_', name[:room])}#{digest}"
+
+
+def lock_keys(prefix: str, name: str) -> LockKeys:
+    """The keys of lock `name`: `corral:lock:report`, or a hashed form for any other name."""
+    lock = _key(prefix, "lock", name)
+    return LockKeys(lock=lock, fence=_key(prefix, "fence", name), route=lock)
+
+
+# -- TTLs and values --------------------------------------------------------------
+
+
+def server_ttl(seconds: float, what: str = "ttl") -> int:
+    """The `T` token that keeps an item at least `seconds`: relative, else a Unix time.
+
+    memcached reads a TTL above 30 days as a Unix time; for those, corral sends
+    one computed on this client's clock (one second more, for its rounding), so a
+    server clock ahead of ours ends such a lock early by the difference.
+    """
+    whole = math.ceil(round(seconds, 6)) + TTL_MARGIN
+    if whole <= MAX_RELATIVE_TTL:
+        return whole
+    at = int(time.time()) + whole + 1
+    if at > MAX_UNIX_TTL:
+        raise ConfigError(
+            f"{what} of {seconds!r} s would end after 2038-01-19, which memcached cannot express"
+        )
+    return at
+
+
+def lease_left(reported: int) -> float:
+    """What `inspect` shows: the remaining TTL minus the margin, i.e. what is left of the lease."""
+    if reported < 0:
+        return math.inf
+    return float(max(reported - TTL_MARGIN, 0))
+
+
+def encode_value(token: int, owner: str | None) -> bytes:
+    tail = b"" if owner is None else owner.encode("utf-8", "surrogatepass")
+    return b"%d:%s" % (token, tail)
+
+
+def decode_value(raw: bytes) -> tuple[int, str | None] | None:
+    """`(token, owner)` (owner None while closed by `hold_for`), or None for a foreign value."""
+    token, sep, owner = raw.partition(b":")
+    if not sep or not token.isdigit():
+        return None
+    try:
+        text = owner.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:
+        return None
+    return int(token), text or None
+
+
+# -- the protocol, with no I/O ----------------------------------------------------
+
+
+class ProtocolError(Exception):
+    """The server's bytes do not parse as memcached replies."""
+
+
+class ServerRefused(Exception):
+    """ERROR, CLIENT_ERROR or SERVER_ERROR: the server refused a command."""
+
+    def __init__(self, line: bytes) -> None:
+        super().__init__(line.decode("ascii", "replace"))
+        self.line = line
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """One reply: its code (`HD`, `VA`, `EN`, `NS`, `EX`, `NF`, ...), its tokens and value."""
+
+    code: bytes
+    tokens: tuple[bytes, ...] = ()
+    value: bytes | None = None
+
+    def flag(self, letter: str) -> bytes | None:
+        """The argument of a returned flag (`c123` -> b"123"), or None when absent."""
+        mark = letter.encode("ascii")
+        for token in self.tokens:
+            if token[:1] == mark:
+                return token[1:]
+        return None
+
+    def number(self, letter: str) -> int:
+        """A returned flag's numeric argument; ProtocolError if it is missing or not a number."""
+        raw = self.flag(letter)
+        if raw is not None:
+            with contextlib.suppress(ValueError):
+                return int(raw)
+        raise ProtocolError(f"{self!r} lacks a numeric {letter!r} flag")
+
+
+def request(command: str, key: str, *flags: str, data: bytes | None = None) -> bytes:
+    """One meta command line (and its data block): `request("mg", key, "v", "c")`."""
+    parts = [command, key]
+    if data is not None:
+        parts.append(str(len(data)))
+    parts.extend(flags)
+    line = " ".join(parts).encode("ascii") + b"\r\n"
+    return line if data is None else line + data + b"\r\n"
+
+
+class ReplyParser:
+    """Bytes in, `Reply` objects out: the framing of memcached's text replies."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        self._buffer += data
+
+    @property
+    def pending(self) -> int:
+        """Bytes received but not parsed yet."""
+        return len(self._buffer)
+
+    def next(self) -> Reply | None:
+        """The next complete reply, or None until more bytes arrive.
+
+        Raises `ServerRefused` for an error line, `ProtocolError` for garbage.
+        """
+        buffer = self._buffer
+        end = buffer.find(b"\r\n")
+        if end < 0:
+            if len(buffer) > _MAX_LINE:
+                raise ProtocolError("a reply line longer than 8 KiB: not a memcached server?")
+            return None
+        line = bytes(buffer[:end])
+        tokens = line.split()
+        if not tokens:
+            raise ProtocolError("an empty reply line")
+        code = tokens[0]
+        if code in (b"ERROR", b"CLIENT_ERROR", b"SERVER_ERROR"):
+            del buffer[: end + 2]
+            raise ServerRefused(line)
+        if code != b"VA":
+            del buffer[: end + 2]
+            return Reply(code, tuple(tokens[1:]))
+        if len(tokens) < 2 or not tokens[1].isdigit():
+            raise ProtocolError(f"a value reply without a length: {line!r}")
+        size = int(tokens[1])
+        start = end + 2
+        total = start + size + 2
+        if len(buffer) < total:
+            return None
+        if buffer[start + size : total] != b"\r\n":
+            raise ProtocolError(f"a value of {size} bytes not followed by CRLF")
+        value = bytes(buffer[start : start + size])
+        del buffer[:total]
+        return Reply(code, tuple(tokens[2:]), value)
+
+
+# -- options and the URL ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MemcachedOptions:
+    host: str
+    port: int
+    prefix: str = DEFAULT_PREFIX
+    timeout: float = DEFAULT_TIMEOUT
+    max_connections: int | None = None
+    tls_context: ssl.SSLContext | None = None
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+    @property
+    def server(self) -> str:
+        """`memcached://[user@]host:port`, for messages: never the password."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        user = f"{self.username}@" if self.username is not None else ""
+        return f"memcached://{user}{host}:{self.port}"
+
+
+_KEYWORD_ONLY = frozenset({"tls_context"})
+_TLS_FILES = ("tls_ca_file", "tls_certfile", "tls_keyfile")
+_OPTIONS = frozenset({"prefix", "timeout", "max_connections", "tls", *_TLS_FILES}) | _KEYWORD_ONLY
+
+
+def parse_url(url: str, options: Mapping[str, object]) -> MemcachedOptions:
+    """`memcached://[user:password@]host[:port][?option=value&...]`, options also as keywords.
+
+    Query options (`?timeout=2&tls=true`) exist so `CORRAL_URL` and `--url` can carry them.
+    """
+    shown = redact(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise ConfigError(f"{shown}: not a URL ({exc})") from None
+    if parts.scheme.lower() != "memcached":
+        raise ConfigError(f"{shown}: not a memcached:// URL")
+    if "," in parts.netloc:
+        raise ConfigError(
+            f"{shown}: several servers in one URL need client-side sharding, which this version "
+            "of corral does not have yet; give one server"
+        )
+    if parts.path not in ("", "/") or parts.fragment:
+        raise ConfigError(
+            f"{shown}: memcached has no databases or paths; write memcached://host:port"
+        )
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError as exc:
+        raise ConfigError(f"{shown}: bad port ({exc})") from None
+    if not host:
+        raise ConfigError(f"{shown}: no host; write memcached://host:port")
+    username = unquote(parts.username) if parts.username is not None else None
+    password = unquote(parts.password) if parts.password is not None else None
+    if (username is None) != (password is None) or (username is not None and not username):
+        raise ConfigError(
+            f"{shown}: memcached's text protocol authentication needs both a user and a "
+            "password (memcached://user:password@host:port)"
+        )
+    if username is not None and (" " in username or "\n" in username or "\r" in username):
+        raise ConfigError(f"{shown}: the user name must not contain spaces or line breaks")
+    if password is not None and ("\n" in password or "\r" in password):
+        raise ConfigError(f"{shown}: the password must not contain line breaks")
+
+    given: dict[str, object] = dict(options)
+    if parts.query:
+        try:
+            pairs = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=True)
+        except ValueError as exc:
+            raise ConfigError(f"{shown}: cannot parse the options after '?' ({exc})") from None
+        for key, value in pairs:
+            if key in _KEYWORD_ONLY:
+                raise ConfigError(f"{shown}: {key} can only be passed as a keyword argument")
+            if key in given:
+                raise ConfigError(f"{shown}: option {key!r} is given twice")
+            given[key] = value
+    unknown = sorted(set(given) - _OPTIONS)
+    if unknown:
+        raise ConfigError(
+            f"{shown}: unknown option(s) {', '.join(unknown)}; the memcached backend takes "
+            f"{', '.join(sorted(_OPTIONS))}"
+        )
+    try:
+        return MemcachedOptions(
+            host=host,
+            port=port if port is not None else DEFAULT_PORT,
+            prefix=check_prefix(given.get("prefix", DEFAULT_PREFIX)),
+            timeout=_timeout(given.get("timeout", DEFAULT_TIMEOUT)),
+            max_connections=_max_connections(given.get("max_connections")),
+            tls_context=_tls_context(given),
+            username=username,
+            password=password,
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"{shown}: {exc}") from None
+
+
+def _timeout(value: object) -> float:
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise ConfigError(f"timeout must be a number of seconds, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"timeout must be a number of seconds, got {value!r}")
+    seconds = float(value)
+    if not seconds > 0 or math.isinf(seconds):
+        raise ConfigError(f"timeout must be > 0 and finite, got {value!r}")
+    return seconds
+
+
+def _max_connections(value: object) -> int | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"max_connections must be an integer >= 1 or None, got {value!r}")
+    return value
+
+
+def _flag(value: object, what: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
+        return value.lower() in _TRUE
+    raise ConfigError(f"{what} must be true or false, got {value!r}")
+
+
+def _path(value: object, what: str) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{what} must be a file path, got {value!r}")
+    return value
+
+
+def _tls_context(given: Mapping[str, object]) -> ssl.SSLContext | None:
+    ca_file = _path(given.get("tls_ca_file"), "tls_ca_file")
+    cert_file = _path(given.get("tls_certfile"), "tls_certfile")
+    key_file = _path(given.get("tls_keyfile"), "tls_keyfile")
+    context = given.get("tls_context")
+    files = ca_file is not None or cert_file is not None or key_file is not None
+    wanted = _flag(given["tls"], "tls") if "tls" in given else None
+    if context is not None:
+        if not isinstance(context, ssl.SSLContext):
+            raise ConfigError(f"tls_context must be an ssl.SSLContext, got {context!r}")
+        if files:
+            raise ConfigError(
+                "tls_context already says which certificates to use; drop tls_ca_file, "
+                "tls_certfile and tls_keyfile"
+            )
+        if wanted is False:
+            raise ConfigError("tls=false contradicts tls_context")
+        return context
+    if wanted is False and files:
+        raise ConfigError("tls=false contradicts the tls_* files given")
+    if not (wanted or files):
+        return None
+    if key_file is not None and cert_file is None:
+        raise ConfigError("tls_keyfile needs tls_certfile (the client certificate)")
+    try:
+        made = ssl.create_default_context(cafile=ca_file)
+        if cert_file is not None:
+            made.load_cert_chain(cert_file, key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot load the TLS certificates ({exc})") from None
+    return made
+
+
+# -- connections ------------------------------------------------------------------
+
+
+class _Closed(Exception):
+    """The server closed the connection."""
+
+
+class _StoreClosed(Exception):
+    """The store was closed."""
+
+
+class _PoolExhausted(Exception):
+    """Every connection stayed busy until the deadline."""
+
+
+class _TooOld(Exception):
+    """The server predates the meta protocol corral needs."""
+
+
+class _CasDisabled(Exception):
+    """The server runs with -C: every CAS reads 0, so compare-and-swap cannot work."""
+
+
+def _left(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("the operation's timeout ran out")
+    return left
+
+
+class _Connection:
+    """One socket and its reply parser; lent to one caller at a time."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.parser = ReplyParser()
+        self.broken = False
+
+    def call(self, deadline: float, *requests: bytes) -> list[Reply]:
+        """Send the requests in one write; read exactly one reply each, before `deadline`."""
+        with self._whole_or_broken():
+            self._send(deadline, requests)
+            replies = [self._receive(deadline) for _ in requests]
+            self._expect_nothing_more()
+            return replies
+
+    def call_until_end(self, deadline: float, command: bytes) -> list[Reply]:
+        """Send a command answered by many lines and `END` (`stats ...`); return the lines."""
+        with self._whole_or_broken():
+            self._send(deadline, (command,))
+            lines = []
+            while (line := self._receive(deadline)).code != b"END":
+                lines.append(line)
+            self._expect_nothing_more()
+            return lines
+
+    @contextlib.contextmanager
+    def _whole_or_broken(self) -> Iterator[None]:
+        try:
+            yield
+        except BaseException:
+            # Unread replies may be on the way: nobody may read them as theirs.
+            self.broken = True
+            raise
+
+    def _send(self, deadline: float, requests: tuple[bytes, ...]) -> None:
+        self.sock.settimeout(_left(deadline))
+        self.sock.sendall(b"".join(requests))
+
+    def _receive(self, deadline: float) -> Reply:
+        while (reply := self.parser.next()) is None:
+            self.sock.settimeout(_left(deadline))
+            data = self.sock.recv(_RECV)
+            if not data:
+                raise _Closed("end of stream")
+            self.parser.feed(data)
+        return reply
+
+    def _expect_nothing_more(self) -> None:
+        if self.parser.pending:
+            raise ProtocolError("the server sent more than the replies asked for")
+
+    def idle_and_sound(self) -> bool:
+        """Nothing to read while idle: else the server closed it (EOF) or sent garbage."""
+        if self.broken:
+            return False
+        if isinstance(self.sock, ssl.SSLSocket) and self.sock.pending():
+            return False
+        try:
+            if hasattr(select, "poll"):  # select() fails on descriptors past FD_SETSIZE
+                poller = select.poll()
+                poller.register(self.sock, select.POLLIN)
+                return not poller.poll(0)
+            readable, _, _ = select.select([self.sock], [], [], 0)
+        except (OSError, ValueError):
+            return False
+        return not readable
+
+    def close(self) -> None:
+        # close(), never shutdown(): after fork this must not end the parent's connection.
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+class _Pool:
+    """This process's connections to one server; see the module docstring."""
+
+    def __init__(self, connect: Callable[[float], _Connection], max_size: int | None) -> None:
+        self._connect = connect
+        self._max_size = max_size
+        self._closed = False
+        self._reset()
+        _FORK_AWARE.add(self)
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._cond = threading.Condition(threading.Lock())
+        self._idle: list[_Connection] = []
+        self._lent: set[_Connection] = set()
+        self._opening = 0
+
+    def after_fork(self) -> None:
+        """In the child: forget the parent's connections, closing only this process's copies."""
+        inherited = [*self._idle, *self._lent]
+        self._reset()
+        for conn in inherited:
+            conn.close()
+
+    @contextlib.contextmanager
+    def connection(self, deadline: float) -> Iterator[_Connection]:
+        if self._pid != os.getpid():
+            self.after_fork()  # a fork that bypassed os.register_at_fork
+        conn = self._checkout(deadline)
+        try:
+            yield conn
+        except BaseException:
+            conn.broken = True
+            raise
+        finally:
+            self._checkin(conn)
+
+    def _checkout(self, deadline: float) -> _Connection:
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise _StoreClosed
+                while self._idle:
+                    conn = self._idle.pop()
+                    if conn.idle_and_sound():
+                        self._lent.add(conn)
+                        return conn
+                    conn.close()
+                size = len(self._idle) + len(self._lent) + self._opening
+                if self._max_size is None or size < self._max_size:
+                    self._opening += 1  # holds the slot while connecting, outside the lock
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._cond.wait(left):
+                    raise _PoolExhausted
+        try:
+            conn = self._connect(deadline)
+        except BaseException:
+            with self._cond:
+                self._opening -= 1
+                self._cond.notify()
+            raise
+        with self._cond:
+            self._opening -= 1
+            self._lent.add(conn)
+        return conn
+
+    def _checkin(self, conn: _Connection) -> None:
+        with self._cond:
+            if conn not in self._lent:
+                return  # lent before a fork: the child has closed its copy
+            self._lent.discard(conn)
+            if conn.broken or self._closed:
+                conn.close()
+            else:
+                self._idle.append(conn)
+            self._cond.notify()
+
+    def close(self) -> None:
+        """Close the idle connections now, and the lent ones when they come back."""
+        with self._cond:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            self._cond.notify_all()
+        for conn in idle:
+            conn.close()
+
+
+class AttemptTicket:
+    """An acquisition attempt in flight for one owner; its release waits until it is over.
+
+    The asyncio backend runs the attempt in a worker thread. If the waiting task
+    is cancelled, the lock logic releases the owner at once, while the thread may
+    still be about to `add` the lock: that release would find nothing and the lock
+    would stay held by an owner nobody knows until its TTL. So the ticket is taken
+    before the thread starts, the release waits for it, and an attempt whose
+    caller gave up before its thread started never runs.
+    """
+
+    def __init__(self, registry: _Attempts, name: str, owner: str) -> None:
+        self._registry = registry
+        self.name = name
+        self.owner = owner
+        self._mutex = threading.Lock()
+        self._started = False
+        self._over = False
+        self.done = threading.Event()
+
+    def start(self) -> bool:
+        """Called by the attempt: False if its caller already gave up (then it must not run)."""
+        with self._mutex:
+            if self._over:
+                return False
+            self._started = True
+            return True
+
+    def finish(self) -> None:
+        with self._mutex:
+            self._over = True
+        self._registry.remove(self)
+        self.done.set()
+
+    def abandon(self) -> None:
+        """Called by the caller when it stops waiting: a ticket never started is over."""
+        with self._mutex:
+            if self._started:
+                return  # the attempt finishes (and ends the ticket) on its own
+            self._over = True
+        self._registry.remove(self)
+        self.done.set()
+
+
+class _Attempts:
+    def __init__(self) -> None:
+        self._reset()
+        _FORK_AWARE.add(self)
+
+    def _reset(self) -> None:
+        self._mutex = threading.Lock()
+        self._tickets: dict[tuple[str, str], AttemptTicket] = {}
+
+    def after_fork(self) -> None:
+        self._reset()  # the child has no attempts in flight
+
+    def add(self, name: str, owner: str) -> AttemptTicket:
+        ticket = AttemptTicket(self, name, owner)
+        with self._mutex:
+            self._tickets[(name, owner)] = ticket
+        return ticket
+
+    def remove(self, ticket: AttemptTicket) -> None:
+        with self._mutex:
+            if self._tickets.get((ticket.name, ticket.owner)) is ticket:
+                del self._tickets[(ticket.name, ticket.owner)]
+
+    def wait(self, name: str, owner: str, timeout: float) -> None:
+        with self._mutex:
+            ticket = self._tickets.get((name, owner))
+        if ticket is not None:
+            ticket.done.wait(timeout)
+
+
+_FORK_AWARE: weakref.WeakSet[_Pool | _Attempts] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for item in list(_FORK_AWARE):
+        item.after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# -- the primitives on one server -------------------------------------------------
+
+
+class MemcachedLocks:
+    """The lock primitives on one memcached server; blocking, thread-safe, fork-safe."""
+
+    def __init__(self, options: MemcachedOptions) -> None:
+        self.options = options
+        self.prefix = options.prefix
+        self.timeout = options.timeout
+        self.server = options.server
+        self._pool = _Pool(self._open, options.max_connections)
+        self._attempts = _Attempts()
+
+    # -- connecting ---------------------------------------------------------------
+
+    def _open(self, deadline: float) -> _Connection:
+        o = self.options
+        sock = socket.create_connection((o.host, o.port), timeout=_left(deadline))
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if o.tls_context is not None:
+                sock.settimeout(_left(deadline))
+                sock = o.tls_context.wrap_socket(sock, server_hostname=o.host)
+            conn = _Connection(sock)
+            greeting = []
+            if o.username is not None and o.password is not None:
+                # memcached's text protocol authentication (-Y): a `set` whose data is the
+                # credentials. Any key: it is not stored.
+                login = f"{o.username} {o.password}".encode()
+                greeting.append(b"set corral-auth 0 0 %d\r\n%s\r\n" % (len(login), login))
+            greeting.append(b"version\r\n")
+            replies = conn.call(deadline, *greeting)
+            if o.username is not None and replies[0].code != b"STORED":
+                raise ServerRefused(b"CLIENT_ERROR authentication failure")
+            _check_version(replies[-1])
+            # Refuse a server without CAS (-C) before anything is acquired on it.
+            for setting in conn.call_until_end(deadline, b"stats settings\r\n"):
+                if setting.tokens == (b"cas_enabled", b"no"):
+                    raise _CasDisabled
+            return conn
+        except BaseException:
+            with contextlib.suppress(OSError):
+                sock.close()
+            raise
+
+    @contextlib.contextmanager
+    def _session(self, name: str, action: str) -> Iterator[Callable[..., list[Reply]]]:
+        """One connection for one whole operation, its errors as corral's; `timeout` bounds it."""
+        deadline = time.monotonic() + self.timeout
+        with self._errors(name, action), self._pool.connection(deadline) as conn:
+
+            def call(*requests: bytes) -> list[Reply]:
+                return conn.call(deadline, *requests)
+
+            yield call
+
+    @contextlib.contextmanager
+    def _errors(self, name: str, action: str) -> Iterator[None]:
+        where = f"lock {name!r} on {self.server}: could not {action} it"
+        try:
+            yield
+        except _StoreClosed:
+            raise BackendError(f"{where}: the store is closed; open a new one") from None
+        except _PoolExhausted:
+            raise BackendUnavailable(
+                f"{where}: all {self.options.max_connections} connections stayed busy for "
+                f"{self.timeout:g} s; raise max_connections= or timeout="
+            ) from None
+        except _TooOld as exc:
+            raise BackendError(
+                f"{where}: the server is memcached {exc}; corral needs memcached >= "
+                f"{'.'.join(map(str, MIN_VERSION))} for the meta protocol's compare-and-swap "
+                "(Debian 12 has 1.6.18)"
+            ) from None
+        except _CasDisabled:
+            raise BackendError(
+                f"{where}: the server runs without CAS (memcached -C), so a release or extend "
+                "cannot check that the lock is still the caller's; restart it without -C"
+            ) from None
+        except ServerRefused as exc:
+            raise self._refused(where, exc) from None
+        except ProtocolError as exc:
+            raise BackendError(
+                f"{where}: the server's reply made no sense ({exc}); is {self.server} really a "
+                "memcached (not a proxy without the meta protocol)?"
+            ) from None
+        except ssl.SSLCertVerificationError as exc:
+            raise BackendError(
+                f"{where}: the server's TLS certificate is not trusted ({exc.verify_message}); "
+                "pass tls_ca_file= with the CA that signed it"
+            ) from None
+        except ssl.SSLError as exc:
+            raise BackendUnavailable(
+                f"{where}: the TLS handshake failed ({exc}); does the server serve TLS "
+                "(memcached -Z)? Drop tls options for a plain-text server"
+            ) from None
+        except TimeoutError:
+            raise BackendUnavailable(
+                f"{where}: the server did not answer within {self.timeout:g} s; check that "
+                "memcached is running and reachable from here, or raise timeout="
+            ) from None
+        except (_Closed, ConnectionResetError) as exc:
+            hint = (
+                "; if it serves only TLS (memcached -Z), pass tls=true"
+                if self.options.tls_context is None
+                else ""
+            )
+            raise BackendUnavailable(
+                f"{where}: the server closed the connection ({exc or 'end of stream'}: "
+                f"restarting, or refusing us?){hint}"
+            ) from None
+        except OSError as exc:
+            raise BackendUnavailable(
+                f"{where}: the server is unreachable ({exc}); check that memcached is running "
+                "and reachable from here"
+            ) from None
+
+    def _refused(self, where: str, exc: ServerRefused) -> BackendError:
+        line = exc.line.decode("ascii", "replace")
+        lowered = line.lower()
+        if "unauthenticated" in lowered or "authentication" in lowered:
+            if self.options.username is None:
+                return BackendError(
+                    f"{where}: the server requires authentication ({line}); put "
+                    "user:password@ in the URL"
+                )
+            return BackendError(f"{where}: the server refused the credentials ({line})")
+        if line == "ERROR":
+            return BackendError(
+                f"{where}: the server does not know the meta commands (answered ERROR); corral "
+                f"needs memcached >= {'.'.join(map(str, MIN_VERSION))}"
+            )
+        if "non-numeric" in lowered:
+            return BackendError(
+                f"{where}: its fencing counter holds something corral did not write ({line}); "
+                "another program uses the same key prefix (choose another prefix=)"
+            )
+        if "out of memory" in lowered:
+            return BackendError(
+                f"{where}: memcached is out of memory and may not evict ({line}); give it more "
+                "memory (-m) or fewer keys"
+            )
+        return BackendError(f"{where}: memcached answered {line!r}; check the server's logs")
+
+    def _foreign(self, name: str, key: str, value: bytes) -> BackendError:
+        return BackendError(
+            f"lock {name!r} on {self.server}: {key} holds {value[:80]!r}, which corral did not "
+            "write; another program uses the same key prefix (choose another prefix=)"
+        )
+
+    # -- the primitives -----------------------------------------------------------
+
+    def begin_attempt(self, name: str, owner: str) -> AttemptTicket:
+        """Register an attempt before it runs; see `AttemptTicket`."""
+        return self._attempts.add(name, owner)
+
+    def try_acquire(self, ticket: AttemptTicket, ttl: float) -> Attempt:
+        """One acquisition attempt: `ms ME` (add), with a fencing token drawn after it.
+
+        See "Fencing tokens" in the module docstring for why the token is drawn after
+        the add and how the usual case still costs two round trips.
+        """
+        name, owner = ticket.name, ticket.owner
+        keys = lock_keys(self.prefix, name)
+        if not ticket.start():
+            return Attempt(False)  # the caller is gone; taking the lock now would orphan it
+        try:
+            seconds = server_ttl(ttl)
+            with self._session(name, "acquire") as call:
+                probe, fence = call(request("mg", keys.lock, "t"), request("mg", keys.fence, "v"))
+                if probe.code == b"HD":
+                    return Attempt(False, holder_ttl=_holder_ttl(probe))
+                if probe.code != b"EN":
+                    raise ProtocolError(f"unexpected reply {probe!r} to mg")
+                now_us = time.time_ns() // 1000
+                # The token our increment will return if nobody else draws one first; a
+                # missing counter is created at the time in microseconds (see the docstring).
+                expected = self._counter(name, keys, fence) + 1 if fence.code == b"VA" else now_us
+                added, counted, winner = call(
+                    request(
+                        "ms",
+                        keys.lock,
+                        "ME",
+                        "c",
+                        f"T{seconds}",
+                        data=encode_value(expected, owner),
+                    ),
+                    request("ma", keys.fence, "N0", f"J{now_us}", "v"),
+                    request("mg", keys.lock, "t"),
+                )
+                token = self._counter(name, keys, counted)
+                if added.code == b"NS":  # someone took it between the probe and the add
+                    held = winner.code == b"HD"
+                    return Attempt(False, holder_ttl=_holder_ttl(winner) if held else None)
+                if added.code != b"HD":
+                    raise ProtocolError(f"unexpected reply {added!r} to ms")
+                if token == expected:
+                    return Attempt(True, token=token)
+                # Another client drew a token between our read and our increment: it may
+                # even have acquired and released in between, with `expected`. Ours is
+                # `token`, drawn after our add; record it, if the lock is still ours.
+                (fixed,) = call(
+                    request(
+                        "ms",
+                        keys.lock,
+                        f"C{added.number('c')}",
+                        f"T{seconds}",
+                        data=encode_value(token, owner),
+                    )
+                )
+                if fixed.code == b"HD":
+                    return Attempt(True, token=token)
+                if fixed.code in (b"EX", b"NF"):
+                    return Attempt(False)  # evicted or freed since the add: not ours any more
+                raise ProtocolError(f"unexpected reply {fixed!r} to ms")
+        finally:
+            ticket.finish()
+
+    def _counter(self, name: str, keys: LockKeys, reply: Reply) -> int:
+        """The fencing counter's value from a `VA` reply to `mg` or `ma`."""
+        if reply.code != b"VA" or reply.value is None:
+            raise BackendError(
+                f"lock {name!r} on {self.server}: could not count the fencing token at "
+                f"{keys.fence} (memcached answered {reply.code.decode('ascii', 'replace')}; "
+                "out of memory?)"
+            )
+        if not reply.value.isdigit():
+            raise self._foreign(name, keys.fence, reply.value)
+        return int(reply.value)
+
+    def release(self, name: str, owner: str, hold_for: float = 0.0) -> Outcome:
+        """Compare-and-delete by owner; with `hold_for`, compare-and-set it ownerless that long."""
+        hold = server_ttl(hold_for, "hold_for") if hold_for > 0 else None
+        self._attempts.wait(name, owner, self.timeout)
+
+        def change(call: Callable[..., list[Reply]], key: str, token: int, cas: int) -> Reply:
+            if hold is None:
+                return call(request("md", key, f"C{cas}"))[0]
+            closed = encode_value(token, None)
+            return call(request("ms", key, f"C{cas}", f"T{hold}", data=closed))[0]
+
+        return self._compare_and(name, owner, "release", change)
+
+    def extend(self, name: str, owner: str, ttl: float) -> Outcome:
+        """Compare-and-set the same value with a new TTL, by owner."""
+        seconds = server_ttl(ttl)
+
+        def change(call: Callable[..., list[Reply]], key: str, token: int, cas: int) -> Reply:
+            value = encode_value(token, owner)
+            return call(request("ms", key, f"C{cas}", f"T{seconds}", data=value))[0]
+
+        return self._compare_and(name, owner, "extend", change)
+
+    def _compare_and(
+        self,
+        name: str,
+        owner: str,
+        action: str,
+        change: Callable[[Callable[..., list[Reply]], str, int, int], Reply],
+    ) -> Outcome:
+        """Read the lock with its CAS, check the owner, change it only if untouched since."""
+        keys = lock_keys(self.prefix, name)
+        with self._session(name, action) as call:
+            for _ in range(_CAS_RETRIES):
+                (found,) = call(request("mg", keys.lock, "v", "c"))
+                if found.code == b"EN":
+                    return Outcome.EXPIRED
+                if found.code != b"VA" or found.value is None:
+                    raise ProtocolError(f"unexpected reply {found!r} to mg")
+                decoded = decode_value(found.value)
+                if decoded is None:
+                    raise self._foreign(name, keys.lock, found.value)
+                token, holder = decoded
+                if holder != owner:
+                    return Outcome.LOST
+                cas = found.number("c")
+                if cas == 0:
+                    raise _CasDisabled
+                done = change(call, keys.lock, token, cas)
+                if done.code == b"HD":
+                    return Outcome.OK
+                if done.code == b"NF":
+                    return Outcome.EXPIRED  # expired between the read and the write
+                if done.code != b"EX":
+                    raise ProtocolError(f"unexpected reply {done!r} to a compare-and-swap")
+                # EX: changed since the read (this owner's own renewal, or a new holder).
+            raise BackendError(
+                f"lock {name!r} on {self.server}: could not {action} it: it kept changing "
+                f"between reading and writing ({_CAS_RETRIES} times); retry"
+            )
+
+    def inspect(self, name: str) -> LockInfo | None:
+        keys = lock_keys(self.prefix, name)
+        with self._session(name, "inspect") as call:
+            (found,) = call(request("mg", keys.lock, "v", "t"))
+        if found.code == b"EN":
+            return None
+        if found.code != b"VA" or found.value is None:
+            raise BackendError(f"lock {name!r} on {self.server}: unexpected reply {found!r}")
+        decoded = decode_value(found.value)
+        if decoded is None:
+            raise self._foreign(name, keys.lock, found.value)
+        token, owner = decoded
+        return LockInfo(name, owner, token, lease_left(found.number("t")))
+
+    def force_release(self, name: str) -> bool:
+        """A plain delete, whoever holds it: for operators (`corral release --force`)."""
+        keys = lock_keys(self.prefix, name)
+        with self._session(name, "force-release") as call:
+            (done,) = call(request("md", keys.lock))
+        return done.code == b"HD"
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+def _check_version(reply: Reply) -> None:
+    """Refuse a memcached too old for the meta protocol; let an unparsable answer through."""
+    found = _VERSION.search(b" ".join(reply.tokens)) if reply.code == b"VERSION" else None
+    if found is not None and tuple(int(n) for n in found.groups()) < MIN_VERSION:
+        raise _TooOld(found.group(0).decode())
+
+
+def _holder_ttl(reply: Reply) -> float | None:
+    """The holder's remaining TTL in whole seconds, margin included: waiters never spin on it."""
+    remaining = reply.number("t")
+    return float(remaining) if remaining >= 0 else None

@@ -1,0 +1,945 @@
+"""memcached-specific behaviour: keys, whole-second TTLs, compare-and-swap races, eviction,
+restarts, fork, threads, TLS, authentication.
+
+The lock contract itself runs over memcached in tests/_async and tests/_sync; this file covers
+what only memcached has. The framing and key tests need no server; the rest run against real
+memcached processes, the shared one or private ones started with the flags a test needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import os
+import re
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import corral
+import corral.aio
+from corral.backends import memcached_proto as proto
+from corral.backends.memcached_proto import (
+    MAX_KEY_BYTES,
+    TTL_MARGIN,
+    ProtocolError,
+    Reply,
+    ReplyParser,
+    decode_value,
+    encode_value,
+    lease_left,
+    lock_keys,
+    parse_url,
+    request,
+    server_ttl,
+)
+from corral.core.primitives import Outcome
+from corral.errors import BackendError, BackendUnavailable, ConfigError, LockExpired, LockLost
+from corral.testing import servers
+from tests.conftest import server_missing
+
+# Server tests take `backend_name`, so `--backends` without memcached leaves them out.
+pytestmark = pytest.mark.backend("memcached")
+
+AWKWARD_NAMES = [
+    "has space",
+    "tab\there",
+    "new\nline\r\n",
+    "nul\x00byte",
+    "del\x7f",
+    "ünïcödé 名前",
+    "lone surrogate \udcff",
+    "x" * 300,
+    "y" * 1000 + " tail",
+]
+
+
+def locks_of(store: corral.Store) -> proto.MemcachedLocks:
+    locks: proto.MemcachedLocks = store.backend._locks  # type: ignore[attr-defined]
+    return locks
+
+
+def host_port(url: str) -> tuple[str, int]:
+    options = parse_url(url, {})
+    return options.host, options.port
+
+
+def raw(url: str, *requests: bytes) -> list[Reply]:
+    """Commands straight to the server, around corral."""
+    with socket.create_connection(host_port(url), timeout=5) as sock:
+        return proto._Connection(sock).call(time.monotonic() + 10, *requests)
+
+
+def stat(url: str, name: str) -> int:
+    with socket.create_connection(host_port(url), timeout=5) as sock:
+        sock.sendall(b"stats\r\n")
+        data = b""
+        while not data.endswith(b"END\r\n"):
+            data += sock.recv(65536)
+    found = re.search(rb"STAT " + name.encode() + rb" (\d+)", data)
+    assert found is not None, data
+    return int(found.group(1))
+
+
+# -- keys, values, TTLs and framing: no server -----------------------------------
+
+
+def test_plain_names_keep_readable_keys() -> None:
+    keys = lock_keys("corral", "nightly-report:eu")
+    assert keys.lock == "corral:lock:nightly-report:eu"
+    assert keys.fence == "corral:fence:nightly-report:eu"
+    assert keys.route == keys.lock  # a router places both keys of a lock by the lock key
+
+
+@pytest.mark.parametrize("name", AWKWARD_NAMES)
+def test_awkward_names_are_hashed_into_valid_keys(name: str) -> None:
+    keys = lock_keys("corral", name)
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    for key, kind in ((keys.lock, "lock"), (keys.fence, "fence")):
+        assert re.fullmatch(r"[\x21-\x7e]+", key), key
+        assert len(key.encode()) <= MAX_KEY_BYTES
+        assert key.startswith(f"corral:{kind}#") and key.endswith(f"#{digest}")
+    assert lock_keys("corral", name) == keys  # deterministic
+
+
+def test_hashed_and_plain_keys_never_collide() -> None:
+    names = [*AWKWARD_NAMES, "x" * 299, "x" * 301, "has_space"]
+    # A plain name that spells out another name's hashed key stays apart.
+    names.append(lock_keys("corral", "has space").lock.removeprefix("corral:lock:"))
+    names.append(lock_keys("corral", "has space").lock.removeprefix("corral:"))
+    keys = [lock_keys("corral", name) for name in names]
+    assert len({k.lock for k in keys}) == len(names)
+    assert len({k.fence for k in keys} | {k.lock for k in keys}) == 2 * len(names)
+
+
+def test_the_longest_plain_key_is_kept_and_one_more_byte_is_hashed() -> None:
+    room = MAX_KEY_BYTES - len("corral:fence:")
+    assert lock_keys("corral", "a" * room).fence == "corral:fence:" + "a" * room
+    assert "#" in lock_keys("corral", "a" * (room + 1)).fence
+
+
+@pytest.mark.parametrize("prefix", ["", "has space", "tab\t", "é", "p" * 101, 7, None])
+def test_bad_prefixes(prefix: object) -> None:
+    with pytest.raises(ConfigError, match="prefix"):
+        parse_url("memcached://localhost", {"prefix": prefix})
+
+
+@pytest.mark.parametrize("ttl", [0.001, 0.3, 0.999, 1, 1.0000001, 2.5, 30, 86400.5])
+def test_server_ttl_never_lets_a_lock_end_before_its_ttl(ttl: float) -> None:
+    # memcached may end an item given T<n> up to 2 ticks (almost 2 s) early.
+    assert server_ttl(ttl) - 2 >= ttl - 1e-6
+    assert server_ttl(ttl) - 2 < ttl + 1
+
+
+def test_ttls_past_30_days_are_sent_as_unix_times() -> None:
+    # memcached reads a TTL above 30 days as a Unix time.
+    assert server_ttl(30 * 86400 - TTL_MARGIN) == 30 * 86400
+    now = time.time()
+    assert server_ttl(40 * 86400) - now >= 40 * 86400 + TTL_MARGIN
+    assert server_ttl(40 * 86400) - now <= 40 * 86400 + TTL_MARGIN + 2
+    with pytest.raises(ConfigError, match="2038"):
+        server_ttl(2**31 - now + 10)
+
+
+def test_lease_left() -> None:
+    assert lease_left(12) == 10
+    assert lease_left(1) == 0
+    assert lease_left(-1) == float("inf")
+
+
+@pytest.mark.parametrize(
+    "owner", ["host:1:MainThread:abc", "a:b:c", "名前\udcff", "MN\r\n", "", None]
+)
+def test_values_round_trip(owner: str | None) -> None:
+    assert decode_value(encode_value(1795322269413151, owner)) == (1795322269413151, owner or None)
+
+
+@pytest.mark.parametrize("raw_value", [b"", b"hello", b"12x:owner", b":owner", b"-1:x", b"1:\xff"])
+def test_foreign_values_are_recognised(raw_value: bytes) -> None:
+    assert decode_value(raw_value) is None
+
+
+def test_requests() -> None:
+    assert request("mg", "k", "v", "c", "t") == b"mg k v c t\r\n"
+    assert request("md", "k") == b"md k\r\n"
+    assert request("ms", "k", "ME", "T3", data=b"a\r\nb") == b"ms k 4 ME T3\r\na\r\nb\r\n"
+
+
+def test_replies_are_framed_by_length_whatever_the_chunks() -> None:
+    # A value may hold CRLF (or look like a reply); only its length says where it ends.
+    value = b"EN\r\nHD\r\n"
+    stream = b"VA 8 c3 t12\r\n" + value + b"\r\nEN\r\nHD c4\r\nMN\r\n"
+    for size in (1, 2, 5, len(stream)):
+        parser = ReplyParser()
+        replies = []
+        for start in range(0, len(stream), size):
+            parser.feed(stream[start : start + size])
+            while (reply := parser.next()) is not None:
+                replies.append(reply)
+        assert replies == [
+            Reply(b"VA", (b"c3", b"t12"), value),
+            Reply(b"EN"),
+            Reply(b"HD", (b"c4",)),
+            Reply(b"MN"),
+        ]
+        assert replies[0].number("c") == 3 and replies[0].number("t") == 12
+        assert parser.pending == 0
+
+
+def test_error_replies_and_garbage() -> None:
+    for line in (b"ERROR", b"CLIENT_ERROR bad command line format", b"SERVER_ERROR out of memory"):
+        parser = ReplyParser()
+        parser.feed(line + b"\r\n")
+        with pytest.raises(proto.ServerRefused):
+            parser.next()
+    for garbage in (b"\r\n", b"VA x\r\n", b"VA 2\r\nabcd\r\n", b"x" * 9000):
+        parser = ReplyParser()
+        parser.feed(garbage)
+        with pytest.raises(ProtocolError):
+            parser.next()
+    with pytest.raises(ProtocolError):
+        Reply(b"HD").number("t")
+
+
+# -- URLs and options -------------------------------------------------------------
+
+
+def test_url_defaults_and_options() -> None:
+    options = parse_url("memcached://cache.example", {})
+    assert (options.host, options.port, options.prefix) == ("cache.example", 11211, "corral")
+    assert options.timeout == 5.0 and options.tls_context is None
+    options = parse_url("memcached://[::1]:11300/?timeout=0.5&prefix=app&max_connections=4", {})
+    assert (options.host, options.port, options.timeout) == ("::1", 11300, 0.5)
+    assert (options.prefix, options.max_connections) == ("app", 4)
+    assert options.server == "memcached://[::1]:11300"
+
+
+def test_credentials_never_show() -> None:
+    options = parse_url("memcached://alice:s3cr%40t@h:1", {})
+    assert (options.username, options.password) == ("alice", "s3cr@t")
+    assert "s3cr" not in options.server and "s3cr" not in repr(options)
+    with pytest.raises(ConfigError) as caught:
+        parse_url("memcached://alice:s3cret@h:1", {"colour": "red"})
+    assert "s3cret" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "options", "match"),
+    [
+        ("memcached://a:1,b:2", {}, "several servers"),
+        ("memcached://h:1/0", {}, "no databases"),
+        ("memcached://h:99999", {}, "port"),
+        ("memcached://", {}, "no host"),
+        ("memcached://alice@h", {}, "both a user and a password"),
+        ("memcached://h?colour=red", {}, "unknown option"),
+        ("memcached://h?timeout=1", {"timeout": 2}, "twice"),
+        ("memcached://h?timeout=soon", {}, "timeout"),
+        ("memcached://h", {"timeout": 0}, "timeout"),
+        ("memcached://h", {"max_connections": 0}, "max_connections"),
+        ("memcached://h?tls=maybe", {}, "tls"),
+        ("memcached://h?tls=false&tls_ca_file=/x", {}, "contradicts"),
+        ("memcached://h", {"tls_ca_file": "/nonexistent/ca.pem"}, "certificates"),
+        ("memcached://h", {"tls_keyfile": "/x.key"}, "tls_certfile"),
+        ("memcached://h", {"tls_context": "yes"}, "SSLContext"),
+        ("memcached://h?tls_context=x", {}, "keyword"),
+    ],
+)
+def test_bad_urls(url: str, options: dict[str, object], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        parse_url(url, options)
+
+
+def test_tls_options_make_a_context() -> None:
+    assert parse_url("memcached://h?tls=true", {}).tls_context is not None
+    context = ssl.create_default_context()
+    assert parse_url("memcached://h", {"tls_context": context}).tls_context is context
+    with pytest.raises(ConfigError, match="drop tls_ca_file"):
+        parse_url("memcached://h", {"tls_context": context, "tls_ca_file": "/x"})
+
+
+def test_capabilities_and_unsupported_options() -> None:
+    caps = corral.connect("memcached://127.0.0.1:1").capabilities
+    assert not caps.notifies and not caps.fair and not caps.replicas and caps.cross_host
+    assert "evict" in caps.on_memory_pressure and "fencing token" in caps.on_memory_pressure
+    with corral.connect("memcached://127.0.0.1:1") as store:
+        with pytest.raises(ConfigError, match="fair"):
+            store.lock("x", fair=True)
+        with pytest.raises(ConfigError, match="replicas"):
+            store.lock("x", replicas=1)
+
+
+# -- on the shared server -----------------------------------------------------------
+
+
+@pytest.fixture
+def store(backend_url: str) -> Iterator[corral.Store]:
+    with corral.connect(backend_url) as opened:
+        yield opened
+
+
+@pytest.fixture
+def other_store(backend_url: str) -> Iterator[corral.Store]:
+    with corral.connect(backend_url) as opened:
+        yield opened
+
+
+def test_awkward_names_work_on_the_server(store: corral.Store, name: str) -> None:
+    names = [f"{name} {awkward}" for awkward in AWKWARD_NAMES]
+    names.append(names[-1][:-1] + "!")  # differs only past the readable part
+    locks = [store.lock(n, ttl=30) for n in names]
+    for lock in locks:
+        assert lock.acquire()
+    for lock in locks:
+        info = store.lock_info(lock.name)
+        assert info is not None and info.owner == lock.owner and info.token == lock.token
+        assert not store.lock(lock.name).acquire()
+    for lock in locks:
+        lock.release()
+        assert store.lock_info(lock.name) is None
+
+
+def test_prefixes_keep_stores_apart(backend_url: str, name: str) -> None:
+    with (
+        corral.connect(backend_url, prefix="app-a") as a,
+        corral.connect(f"{backend_url}?prefix=app-b") as b,
+    ):
+        first, second = a.lock(name), b.lock(name)
+        assert first.acquire() and second.acquire()
+        assert raw(backend_url, request("mg", f"app-a:lock:{name}"))[0].code == b"HD"
+        first.release()
+        second.release()
+
+
+def test_a_one_second_lock_is_never_freed_early(store: corral.Store, name: str) -> None:
+    lock = store.lock(name, ttl=1)
+    assert lock.acquire()
+    deadline = time.monotonic() + 0.95
+    while time.monotonic() < deadline:
+        assert store.lock_info(name) is not None
+        time.sleep(0.05)
+    info = store.lock_info(name)
+    assert info is not None and info.owner == lock.owner
+    lock.release()
+
+
+def wait_until_free(store: corral.Store, name: str, within: float) -> float:
+    began = time.monotonic()
+    while store.lock_info(name) is not None:
+        assert time.monotonic() - began < within, "the lock outlived its TTL by too much"
+        time.sleep(0.05)
+    return time.monotonic() - began
+
+
+def test_whole_second_expiry_then_lost_or_expired(
+    store: corral.Store, other_store: corral.Store, name: str
+) -> None:
+    """The contract's expiry tests, with TTLs memcached can express (whole seconds)."""
+    stale = store.lock(name, ttl=1)
+    assert stale.acquire()
+    waited = wait_until_free(store, name, within=1 + TTL_MARGIN + 0.5)
+    assert waited > 0.9
+    fresh = other_store.lock(name, ttl=10)
+    assert fresh.acquire()
+    assert fresh.token is not None and stale.token is not None and fresh.token > stale.token
+    with pytest.raises(LockLost, match=name):
+        stale.extend()
+    with pytest.raises(LockLost, match=name):
+        stale.release()
+    assert fresh.owned()
+    fresh.release()
+    assert fresh.acquire()
+    fresh.release()
+    lonely = store.lock(name, ttl=1)
+    assert lonely.acquire()
+    wait_until_free(store, name, within=1 + TTL_MARGIN + 0.5)
+    with pytest.raises(LockExpired, match=name):
+        lonely.release()
+
+
+def test_hold_for_keeps_it_closed_whole_seconds(
+    store: corral.Store, other_store: corral.Store, name: str
+) -> None:
+    lock = store.lock(name, ttl=10)
+    assert lock.acquire()
+    token = lock.token
+    lock.release(hold_for=1)
+    info = store.lock_info(name)
+    assert info is not None and info.owner is None and info.token == token
+    other = other_store.lock(name, ttl=10)
+    assert not other.acquire()
+    assert other.acquire(wait=1 + TTL_MARGIN + 1)
+    assert other.token is not None and token is not None and other.token > token
+    other.release()
+
+
+def test_inspect_shows_the_lease_left(store: corral.Store, name: str) -> None:
+    lock = store.lock(name, ttl=10)
+    assert lock.acquire()
+    info = store.lock_info(name)
+    assert info is not None and 8 <= info.ttl <= 10
+    lock.extend(ttl=100)
+    info = store.lock_info(name)
+    assert info is not None and 98 <= info.ttl <= 100
+    lock.release()
+
+
+def test_locks_and_holds_longer_than_30_days(store: corral.Store, name: str) -> None:
+    lock = store.lock(name, ttl=40 * 86400)
+    assert lock.acquire()
+    info = store.lock_info(name)
+    assert info is not None and 40 * 86400 - 5 <= info.ttl <= 40 * 86400 + 1
+    lock.release(hold_for=31 * 86400)  # a monthly job that must run at most once a month
+    info = store.lock_info(name)
+    assert info is not None and info.owner is None and info.ttl >= 31 * 86400 - 5
+    assert store.force_release(name)
+
+
+def test_failed_attempt_reports_the_holders_ttl(store: corral.Store, name: str) -> None:
+    lock = store.lock(name, ttl=20)
+    assert lock.acquire()
+    attempt = locks_of(store).try_acquire(locks_of(store).begin_attempt(name, "someone"), 5)
+    assert not attempt.acquired and attempt.holder_ttl is not None
+    assert 19 <= attempt.holder_ttl <= 20 + TTL_MARGIN
+    lock.release()
+
+
+# The compare-and-swap races: another client changes the lock between our read and our write.
+
+
+@pytest.fixture
+def interfere(monkeypatch: pytest.MonkeyPatch) -> Callable[[bytes, Callable[[], None]], list[int]]:
+    """Run `action` just before the first command that starts with `prefix` is sent."""
+
+    def install(prefix: bytes, action: Callable[[], None]) -> list[int]:
+        fired: list[int] = []
+        original = proto._Connection.call
+
+        def call(self: proto._Connection, deadline: float, *requests: bytes) -> list[Reply]:
+            if not fired and requests[0].startswith(prefix):
+                fired.append(1)
+                action()
+            return original(self, deadline, *requests)
+
+        monkeypatch.setattr(proto._Connection, "call", call)
+        return fired
+
+    return install
+
+
+def test_release_never_frees_a_lock_taken_over_between_read_and_delete(
+    store: corral.Store, other_store: corral.Store, name: str, interfere: Any
+) -> None:
+    stale = store.lock(name, ttl=30)
+    assert stale.acquire()
+    fresh = other_store.lock(name, ttl=30)
+
+    def take_over() -> None:  # as if the TTL ran out and another process acquired
+        assert other_store.force_release(name)
+        assert fresh.acquire()
+
+    fired = interfere(b"md " + lock_keys("corral", name).lock.encode() + b" C", take_over)
+    with pytest.raises(LockLost):
+        stale.release()
+    assert fired and fresh.owned()
+    fresh.release()
+
+
+def test_extend_never_touches_a_lock_taken_over_between_read_and_write(
+    store: corral.Store, other_store: corral.Store, name: str, interfere: Any
+) -> None:
+    stale = store.lock(name, ttl=30)
+    assert stale.acquire()
+    fresh = other_store.lock(name, ttl=5)
+
+    def take_over() -> None:
+        assert other_store.force_release(name)
+        assert fresh.acquire()
+
+    fired = interfere(b"ms " + lock_keys("corral", name).lock.encode() + b" ", take_over)
+    with pytest.raises(LockLost):
+        stale.extend(ttl=100)
+    info = store.lock_info(name)
+    assert fired and info is not None and info.owner == fresh.owner and info.ttl <= 5
+    fresh.release()
+
+
+def test_release_after_a_force_release_between_read_and_delete_is_expired(
+    store: corral.Store, other_store: corral.Store, name: str, interfere: Any
+) -> None:
+    lock = store.lock(name, ttl=30)
+    assert lock.acquire()
+
+    def free_it() -> None:
+        assert other_store.force_release(name)
+
+    fired = interfere(b"md " + lock_keys("corral", name).lock.encode() + b" C", free_it)
+    with pytest.raises(LockExpired):
+        lock.release()
+    assert fired and store.lock_info(name) is None
+
+
+def test_own_renewal_between_read_and_delete_is_retried(
+    store: corral.Store, name: str, interfere: Any
+) -> None:
+    lock = store.lock(name, ttl=30)
+    assert lock.acquire()
+    owner = lock.owner
+    assert owner is not None
+    # The renewal worker's extend lands between release's read and its delete.
+    fired = interfere(
+        b"md " + lock_keys("corral", name).lock.encode() + b" C",
+        lambda: locks_of(store).extend(name, owner, 30) and None,
+    )
+    lock.release()
+    assert fired and store.lock_info(name) is None
+
+
+def test_a_token_drawn_meanwhile_cannot_reorder_acquisitions(
+    store: corral.Store, other_store: corral.Store, name: str, interfere: Any
+) -> None:
+    """B reads the counter; A acquires and releases; then B's add lands: B's token is higher."""
+    early = other_store.lock(name, ttl=30)
+    tokens: list[int] = []
+
+    def full_cycle() -> None:
+        assert early.acquire()
+        assert early.token is not None
+        tokens.append(early.token)
+        early.release()
+
+    fired = interfere(b"ms " + lock_keys("corral", name).lock.encode() + b" ", full_cycle)
+    late = store.lock(name, ttl=30)
+    assert late.acquire()
+    assert fired and late.token is not None and late.token > tokens[0]
+    info = store.lock_info(name)
+    assert info is not None and info.token == late.token  # the lock was rewritten with it
+    late.release()
+
+
+def test_an_add_evicted_before_its_token_is_recorded_is_no_acquisition(
+    backend_url: str, store: corral.Store, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lock = store.lock(name, ttl=30)
+    assert lock.acquire()  # creates the counter
+    lock.release()
+    prefix = b"ms " + lock_keys("corral", name).lock.encode() + b" "
+    seen: list[bytes] = []
+    original = proto._Connection.call
+
+    def call(self: proto._Connection, deadline: float, *requests: bytes) -> list[Reply]:
+        if requests[0].startswith(prefix):
+            seen.append(requests[0])
+            if len(seen) == 1:  # the add: another client draws a token first
+                raw(backend_url, request("ma", lock_keys("corral", name).fence))
+            else:  # the token rewrite: the lock was evicted meanwhile
+                raw(backend_url, request("md", lock_keys("corral", name).lock))
+        return original(self, deadline, *requests)
+
+    monkeypatch.setattr(proto._Connection, "call", call)
+    assert not lock.acquire()
+    assert len(seen) == 2 and b" C" in seen[1]
+    assert not lock.held and store.lock_info(name) is None
+
+
+def test_release_waits_for_an_attempt_in_flight(
+    store: corral.Store, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release of an owner whose attempt is still running must not overtake its `add`."""
+    locks = locks_of(store)
+    original = proto._Connection.call
+
+    def slow_add(self: proto._Connection, deadline: float, *requests: bytes) -> list[Reply]:
+        if b" ME " in requests[0]:
+            time.sleep(0.3)
+        return original(self, deadline, *requests)
+
+    monkeypatch.setattr(proto._Connection, "call", slow_add)
+    ticket = locks.begin_attempt(name, "owner-1")
+    results: list[object] = []
+    thread = threading.Thread(target=lambda: results.append(locks.try_acquire(ticket, 30)))
+    thread.start()
+    time.sleep(0.1)
+    assert locks.release(name, "owner-1") is Outcome.OK
+    thread.join()
+    assert results[0].acquired  # type: ignore[attr-defined]
+    assert store.lock_info(name) is None  # the release came after the add, and freed it
+
+
+def test_an_attempt_abandoned_before_it_started_never_runs(store: corral.Store, name: str) -> None:
+    locks = locks_of(store)
+    ticket = locks.begin_attempt(name, "owner-1")
+    ticket.abandon()
+    assert not locks.try_acquire(ticket, 30).acquired
+    assert store.lock_info(name) is None
+    assert locks.release(name, "owner-1") is Outcome.EXPIRED
+
+
+async def test_cancelled_attempt_leaves_no_lock_behind(
+    backend_url: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = proto._Connection.call
+
+    def slow_add(self: proto._Connection, deadline: float, *requests: bytes) -> list[Reply]:
+        if b" ME " in requests[0]:
+            time.sleep(0.3)
+        return original(self, deadline, *requests)
+
+    monkeypatch.setattr(proto._Connection, "call", slow_add)
+    async with corral.aio.connect(backend_url) as store:
+        task = asyncio.create_task(store.lock(name, ttl=60).acquire())
+        await asyncio.sleep(0.1)  # the add is on its way, in a worker thread
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await store.lock_info(name) is None
+        assert await store.lock(name, ttl=5).acquire()
+
+
+def test_foreign_data_under_our_prefix(backend_url: str, store: corral.Store, name: str) -> None:
+    keys = lock_keys("corral", name)
+    raw(backend_url, request("ms", keys.lock, "T60", data=b"not corral's"))
+    with pytest.raises(BackendError, match="did not write"):
+        store.lock_info(name)
+    with pytest.raises(BackendError, match="did not write"):
+        locks_of(store).release(name, "someone")
+    raw(backend_url, request("md", keys.lock), request("ms", keys.fence, "T60", data=b"abc"))
+    with pytest.raises(BackendError, match="prefix"):
+        store.lock(name).acquire()
+    raw(backend_url, request("md", keys.fence))
+
+
+def test_a_lost_counter_restarts_above_every_earlier_token(
+    backend_url: str, store: corral.Store, name: str
+) -> None:
+    lock = store.lock(name, ttl=30)
+    assert lock.acquire()
+    first = lock.token
+    lock.release()
+    # Evicted, or lost with a restart: the next token starts from the time in microseconds.
+    assert raw(backend_url, request("md", lock_keys("corral", name).fence))[0].code == b"HD"
+    assert lock.acquire()
+    assert lock.token is not None and first is not None and lock.token > first
+    assert lock.token >= time.time_ns() // 1000 - 60_000_000
+    lock.release()
+
+
+def test_threads_share_one_store_without_overlap(backend_url: str, name: str) -> None:
+    records: list[tuple[float, float, int]] = []
+    errors: list[BaseException] = []
+    with corral.connect(backend_url, max_connections=4) as store:
+
+        def worker() -> None:
+            try:
+                for _ in range(10):
+                    lock = store.lock(name, ttl=30)
+                    assert lock.acquire(wait=60)
+                    began = time.monotonic()
+                    time.sleep(0.001)
+                    assert lock.token is not None
+                    records.append((began, time.monotonic(), lock.token))
+                    lock.release()
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker) for _ in range(12)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        pool = locks_of(store)._pool
+        assert len(pool._idle) + len(pool._lent) <= 4
+    assert not errors, errors
+    records.sort()
+    for (_, end, token), (start, _, next_token) in itertools.pairwise(records):
+        assert end <= start and token < next_token
+
+
+def test_a_full_pool_fails_within_the_timeout(
+    backend_url: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = proto._Connection.call
+    entered = threading.Event()
+
+    def slow(self: proto._Connection, deadline: float, *requests: bytes) -> list[Reply]:
+        if requests and requests[0].startswith(b"mg ") and not entered.is_set():
+            entered.set()
+            time.sleep(1.5)
+        return original(self, deadline, *requests)
+
+    monkeypatch.setattr(proto._Connection, "call", slow)
+    with corral.connect(backend_url, max_connections=1, timeout=0.5) as store:
+        outcome: list[BaseException] = []
+
+        def hold_the_only_connection() -> None:
+            try:
+                store.lock_info(name)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        busy = threading.Thread(target=hold_the_only_connection)
+        busy.start()
+        assert entered.wait(5)
+        began = time.monotonic()
+        with pytest.raises(BackendUnavailable, match="max_connections"):
+            store.lock_info(name)
+        assert time.monotonic() - began < 1.2
+        busy.join()
+        # Its own call overran the timeout too, once its reply came: reported, not hung.
+        assert len(outcome) == 1 and isinstance(outcome[0], BackendUnavailable)
+
+
+def test_a_closed_store_says_so(backend_url: str, name: str) -> None:
+    store = corral.connect(backend_url)
+    assert store.lock_info(name) is None
+    store.close()
+    with pytest.raises(BackendError, match="closed"):
+        store.lock_info(name)
+
+
+def test_a_forked_child_opens_its_own_connection(backend_url: str, name: str) -> None:
+    with corral.connect(backend_url) as store:
+        assert store.lock_info(name) is None  # leaves one idle connection in the pool
+        pool = locks_of(store)._pool
+        parent_port = pool._idle[0].sock.getsockname()[1]
+        stop = threading.Event()
+        parent_errors: list[BaseException] = []
+
+        def hammer() -> None:  # the parent keeps using its connections during the fork
+            try:
+                while not stop.is_set():
+                    assert store.lock_info(name) is None
+            except BaseException as exc:
+                parent_errors.append(exc)
+
+        thread = threading.Thread(target=hammer)
+        thread.start()
+        try:
+            pid = os.fork()
+            if pid == 0:
+                code = 0
+                try:
+                    lock = store.lock(f"{name}-child", ttl=10)
+                    for _ in range(200):
+                        if not lock.acquire() or store.lock_info(lock.name) is None:
+                            code = 3
+                        lock.release()
+                    ports = {c.sock.getsockname()[1] for c in pool._idle}
+                    if parent_port in ports:
+                        code = 4
+                except BaseException:
+                    code = 5
+                os._exit(code)
+            _, status = os.waitpid(pid, 0)
+        finally:
+            stop.set()
+            thread.join()
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert not parent_errors, parent_errors
+        assert store.lock_info(name) is None
+
+
+# -- private servers: eviction, restart, flags -------------------------------------
+
+
+class CustomMemcached(servers.MemcachedServer):
+    """memcached with extra flags, and a probe that copes with TLS or authentication."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        port: int,
+        extra: list[str],
+        *,
+        memory_mb: int = 64,
+        tls: ssl.SSLContext | None = None,
+        login: bytes = b"",
+    ) -> None:
+        super().__init__(workdir, port, memory_mb=memory_mb)
+        self.extra = extra
+        self.tls = tls
+        self.login = login
+
+    def _command(self) -> list[str]:
+        return [*super()._command(), *self.extra]
+
+    def _probe(self) -> bool:
+        with socket.create_connection((self.host, self.port), timeout=1.0) as plain:
+            sock = self.tls.wrap_socket(plain, server_hostname=self.host) if self.tls else plain
+            sock.sendall(self.login + b"version\r\n")
+            with sock.makefile("rb") as stream:
+                lines = [stream.readline() for _ in range(2 if self.login else 1)]
+                return lines[-1].startswith(b"VERSION ")
+
+
+@pytest.fixture
+def start_memcached(tmp_path: Path) -> Iterator[Callable[..., CustomMemcached]]:
+    started: list[CustomMemcached] = []
+
+    def start(*extra: str, **kwargs: Any) -> CustomMemcached:
+        try:
+            server = CustomMemcached(
+                servers._server_dir(tmp_path, "memcached"),
+                servers.free_port(),
+                list(extra),
+                **kwargs,
+            )
+        except servers.ServerUnavailable as exc:
+            server_missing(str(exc))
+            raise
+        started.append(server)
+        return servers._start_with_port_retries(server)
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def test_eviction_frees_a_held_lock_and_tokens_still_increase(
+    backend_name: str, start_memcached: Callable[..., CustomMemcached], name: str
+) -> None:
+    """Documented behaviour: a full memcached evicts held locks; the fencing token protects."""
+    server = start_memcached(memory_mb=2)
+    with corral.connect(server.url) as store:
+        holder = store.lock(name, ttl=600)
+        assert holder.acquire()
+        with socket.create_connection((server.host, server.port), timeout=10) as sock:
+            for batch in range(30):
+                chunk = bytearray()
+                for i in range(10_000):
+                    data = b"x" * (30 + i % 60)  # the lock's slab class and its neighbours
+                    chunk += request("ms", f"flood:{batch}:{i}", "T0", "q", data=data)
+                sock.sendall(bytes(chunk) + b"mn\r\n")
+                received = b""
+                while not received.endswith(b"MN\r\n"):
+                    received += sock.recv(65536)
+        assert stat(server.url, "evictions") > 0
+        assert store.lock_info(name) is None, "the flood did not evict the lock"
+        usurper = store.lock(name, ttl=30)
+        assert usurper.acquire()  # while the holder still believes it holds the lock
+        assert holder.held
+        assert usurper.token is not None and holder.token is not None
+        assert usurper.token > holder.token
+        with pytest.raises(LockLost):
+            holder.release()
+        usurper.release()
+
+
+def test_restart_forgets_locks_but_tokens_still_increase(
+    backend_name: str, start_memcached: Callable[..., CustomMemcached], name: str
+) -> None:
+    server = start_memcached()
+    with corral.connect(server.url, timeout=2) as store:
+        lock = store.lock(name, ttl=600)
+        assert lock.acquire()
+        before = lock.token
+        server.restart()
+        # The pooled connection died with the server: it is replaced, not reported.
+        assert store.lock_info(name) is None
+        with pytest.raises(LockExpired):
+            lock.release()
+        assert lock.acquire()
+        assert lock.token is not None and before is not None and lock.token > before
+        lock.release()
+
+
+def test_a_server_without_cas_is_refused(
+    backend_name: str, start_memcached: Callable[..., CustomMemcached], name: str
+) -> None:
+    server = start_memcached("-C")
+    with corral.connect(server.url) as store, pytest.raises(BackendError, match="-C"):
+        store.lock(name, ttl=30).acquire()
+    assert raw(server.url, request("mg", lock_keys("corral", name).lock))[0].code == b"EN"
+
+
+def test_tls(
+    backend_name: str, start_memcached: Callable[..., CustomMemcached], tmp_path: Path, name: str
+) -> None:
+    try:
+        ca_file, _, cert_file, key_file = servers._make_tls_files(tmp_path)
+    except servers.ServerUnavailable as exc:
+        server_missing(str(exc))
+        raise
+    trusting = ssl.create_default_context(cafile=str(ca_file))
+    server = start_memcached(
+        "-Z", "-o", f"ssl_chain_cert={cert_file},ssl_key={key_file}", tls=trusting
+    )
+    for url, options in [
+        (server.url, {"tls_ca_file": str(ca_file)}),
+        (f"{server.url}?tls_ca_file={ca_file}", {}),
+        (server.url, {"tls_context": trusting}),
+    ]:
+        with corral.connect(url, **options) as store:
+            lock = store.lock(name, ttl=10)
+            assert lock.acquire()
+            assert store.lock_info(name) is not None
+            lock.release()
+    with (
+        corral.connect(server.url, tls=True, timeout=2) as store,
+        pytest.raises(BackendError, match="not trusted"),
+    ):
+        store.lock_info(name)
+    with (
+        corral.connect(server.url, timeout=2) as store,
+        pytest.raises(BackendUnavailable, match="tls=true"),
+    ):
+        store.lock_info(name)
+
+
+def test_authentication(
+    backend_name: str, start_memcached: Callable[..., CustomMemcached], tmp_path: Path, name: str
+) -> None:
+    auth_file = tmp_path / "auth"
+    auth_file.write_text("alice:s3cret\n")
+    server = start_memcached("-Y", str(auth_file), login=b"set a 0 0 12\r\nalice s3cret\r\n")
+    where = f"{server.host}:{server.port}"
+    with corral.connect(f"memcached://alice:s3cret@{where}") as store:
+        lock = store.lock(name, ttl=10)
+        assert lock.acquire()
+        lock.release()
+    with corral.connect(f"memcached://alice:wrong@{where}") as store:
+        with pytest.raises(BackendError, match="refused the credentials") as caught:
+            store.lock_info(name)
+        assert "wrong" not in str(caught.value)
+    with (
+        corral.connect(f"memcached://{where}") as store,
+        pytest.raises(BackendError, match="requires authentication"),
+    ):
+        store.lock_info(name)
+
+
+def test_an_old_memcached_is_refused(backend_name: str, name: str) -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(1024)
+            conn.sendall(b"VERSION 1.5.22\r\n")
+            conn.recv(1024)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    with (
+        corral.connect(f"memcached://127.0.0.1:{port}", timeout=2) as store,
+        pytest.raises(BackendError, match=r"1\.5\.22.*1\.6\.10"),
+    ):
+        store.lock_info(name)
+    listener.close()
+    thread.join(5)
+
+
+def test_an_unreachable_server_fails_within_the_timeout(backend_name: str, name: str) -> None:
+    port = servers.free_port()  # nobody listens
+    with corral.connect(f"memcached://127.0.0.1:{port}", timeout=1) as store:
+        began = time.monotonic()
+        with pytest.raises(BackendUnavailable, match=f"127.0.0.1:{port}"):
+            store.lock(name).acquire()
+        assert time.monotonic() - began < 2
