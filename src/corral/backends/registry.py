@@ -8,9 +8,9 @@ ConfigError that says which extra to install.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 from corral.errors import ConfigError
 
@@ -72,18 +72,17 @@ def resolve(url: str) -> BackendSpec:
 
 
 def redact(url: str) -> str:
-    """The URL with any password replaced, fit for logs, reprs and error messages."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable URL>"
-    if parts.password is None:
+    """The URL with any password replaced, fit for logs, reprs and error messages.
+
+    Works on multi-host URLs (`etcd://user:pw@h1:1,h2:2`) too, which urllib
+    refuses to parse as a whole.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
         return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = f"{user}:***@{host}"
-    if parts.port is not None:
-        netloc += f":{parts.port}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    netloc, slash, tail = rest.partition("/")
+    tail = re.sub(r"(?i)(password=)[^&]*", r"\1***", tail)
+    userinfo, at, hosts = netloc.rpartition("@")
+    if at and ":" in userinfo:
+        netloc = f"{userinfo.split(':', 1)[0]}:***@{hosts}"
+    return f"{scheme}://{netloc}{slash}{tail}"

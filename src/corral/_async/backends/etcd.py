@@ -1,0 +1,1246 @@
+"""`etcd://h1:2379,h2:2379,...` and `etcds://`: locks on an etcd v3 cluster.
+
+**Why etcd.** A lock is granted by a Raft transaction agreed by a majority of
+the members, so it is linearizable: no failover can grant it twice. A lock is
+a key created on a lease, only if it does not exist (`create_revision == 0`);
+its create revision is the fencing token, which grows with every write to the
+cluster, forever, so it strictly increases across all locks. The key dies with
+its lease, and etcd announces that deletion to watchers, so waiters are woken
+by releases and by expiries alike, without polling.
+
+**Why the JSON gateway over httpx, not an etcd client library.** The Python
+etcd3 clients (python-etcd3, etcd3gw, aioetcd3) are unmaintained, and the
+gRPC ones break with new grpcio/protobuf releases. Every etcd member serves
+the same API as JSON over HTTP (the grpc-gateway, under `/v3/` since etcd 3.4),
+and httpx gives one client for both flavours (`httpx.AsyncClient` here,
+`httpx.Client` in the generated blocking twin). The requests and answers are
+built and read in `corral.backends.etcd_api`, which is shared by both.
+`trust_env=False` keeps proxy settings from intercepting the cluster, and
+every request carries the gateway header for gRPC metadata `hasleader`, so a
+member cut off from its leader refuses at once instead of hanging.
+
+**Members and timeouts.** A call starts at the member that answered last. A
+member that refuses the connection, does not answer, or cannot serve (no
+leader, shutting down) passes the turn to the next; each try may take at most
+`timeout / members`, and the members are asked in rounds, those that were slow
+last, until the call's `timeout` is spent, so a call fails with
+`BackendUnavailable` within about `timeout` whatever the members do, and rides
+out a leader election that ends within it. When every member refuses the
+connection the call fails at once. The plan is `etcd_api.Tries`.
+
+**Round trips.** Leases are not part of etcd transactions, and a key must be
+attached to its lease when it is created (attached later, a crash in between
+would leave the lock held forever), so:
+
+- uncontended acquisition: 2 (lease grant, then the transaction);
+- failed attempt: the transaction, plus the holder's lease time-to-live (for
+  `fail_fast` and to sleep until the expiry); the unused lease is kept for the
+  waiter's next attempt, so a re-attempt that wins costs the transaction and a
+  keep-alive of that lease (restarting its count-down), never a new grant;
+- release: 1, a lease revoke. The lease belongs to this acquisition alone, so
+  revoking it is the compare-by-owner delete: it deletes our key if it is
+  still ours and nothing else, and the deletion wakes the waiters. Only when
+  the lease is gone does a read follow, to tell EXPIRED from LOST;
+- extend with the same TTL: 1, a lease keep-alive (a read follows only when
+  gone). A different TTL needs a new lease, as a lease's TTL is fixed at
+  grant: grant, transaction moving the key to it, revoke of the old one (3);
+- `release(hold_for=S)`: 3 (grant, transaction, revoke), the key staying,
+  ownerless, on a new lease of S seconds;
+- `inspect`: 2 (read, lease time-to-live); `force_release`: 2 (read, revoke);
+- so an uncontended acquire + release cycle is 3 round trips;
+- fair locks: the same 2 for a newcomer to an idle lock; a newcomer that must
+  queue adds 2 (grant of its queue lease, a transaction moving its place onto
+  it) besides the holder's time-to-live; a queued waiter's attempt is one
+  transaction (plus a keep-alive of its queue lease at most every `queue_ttl/4`).
+
+**Short and fractional TTLs.** etcd leases count whole seconds, and a cluster
+raises every lease to its minimum (1.5 election timeouts, rounded up: 2 s by
+default), with expiry checked every 0.5 s. A lease is asked for the TTL rounded
+up to whole seconds; when the server's lease outlasts the lock's TTL, this
+process revokes it itself at the TTL (one background task or thread per
+backend; `LeaseReaper`), so a 0.3 s lock is free 0.3 s after it was taken, as
+on every other backend. If the holder's process dies or freezes, the lock is
+held until the server's lease runs out: the TTL rounded up to whole seconds,
+at least the cluster's minimum. Either way the holder itself stops trusting
+the lock after the TTL (the lock logic counts from before the request), so
+the early revoke never frees a lock its holder still believes it owns.
+`lock_info` reports at most the TTL the holder asked for.
+
+**Fair locks** follow etcd's own election and lock recipes: a waiter puts a key
+under the lock's `queue/` prefix on a short lease that it refreshes while it
+waits (dead waiters' keys expire, so they cannot stall the queue), and the key
+with the lowest create revision goes first. A newcomer's first transaction
+takes the lock if it is free and nobody queues (the same two round trips as an
+unfair lock), else queues it at once, so its place is its arrival; the place
+then moves to its own short lease (grant, transaction). Taking a turn is one
+transaction that checks the lock is free, the waiter's key still exists and no
+older key does (nobody can queue ahead of an existing key).
+
+**Watches.** A waiter watches its lock's prefix for deletions. One watch
+stream (one HTTP connection, read by one task or daemon thread) serves every
+waiter of a lock name in a process; the waiter returns from `__aenter__` only
+once etcd confirmed the watch, so a release after its next attempt cannot go
+unheard. A stream that breaks, or whose member has since failed a call (a
+paused member's stream is simply silent), is replaced before the waiter's next
+attempt. The gateway cannot cancel one watch of a stream (that would need a
+bidirectional HTTP stream), so a watch ends by closing its connection.
+
+**Authentication** (`etcd://user:password@h1,h2`) uses `/v3/auth/authenticate`
+and sends the token in the `Authorization` header; an expired token is renewed
+once per call. TLS: `etcds://` with `ca_file`, `cert_file`, `key_file`.
+
+After `fork`, a child process uses none of its parent's connections, watch
+streams, leases or background workers: everything per process is rebuilt on
+first use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, ClassVar
+
+import httpx
+
+from corral._async._compat import Event, Worker, sleep, spawn
+from corral._async.backends.base import AsyncBackend, AsyncWaiter
+from corral.backends import etcd_api as api
+from corral.core.capabilities import Capabilities
+from corral.core.clock import Clock
+from corral.core.primitives import Attempt, LockInfo, Outcome
+from corral.errors import BackendError, BackendUnavailable, ConfigError
+
+__all__ = ["AsyncEtcdBackend"]
+
+log = logging.getLogger("corral.etcd")
+
+# A waiter's unused lease is reused for its next attempt while at least this much of it
+# is surely left; otherwise a new one is granted.
+LEASE_REUSE_MARGIN = 1.0
+# A server lease longer than the lock's TTL by more than this is ended early, at the TTL.
+EARLY_END = 0.001
+# A confirmed watch stream silent this long is replaced (its waiters watch again): a
+# bound on how long a stream can hang on a member that stopped answering unnoticed.
+WATCH_QUIET = 300.0
+# Members answering with this header set refuse at once when they have no leader.
+_HEADERS = {"Grpc-Metadata-hasleader": "true"}
+
+_UNAVAILABLE_ADVICE = (
+    "check that the etcd members are running and reachable from here and that a majority "
+    "of them is up, or raise timeout="
+)
+
+
+@dataclass(slots=True, eq=False)
+class _Lease:
+    """A lease this process was granted, and what it knows about it."""
+
+    id: int
+    granted: int
+    """The TTL the server granted (whole seconds, at least its minimum)."""
+    ttl: float
+    """The TTL of the lock (or hold) it carries."""
+    refreshed: float
+    """Clock reading taken before it was granted or last kept alive."""
+    deadline: float | None = None
+    """When this process ends it (the lock's TTL is shorter than the lease), else None."""
+    dead: bool = False
+    """This process ended it at its deadline (or is doing so)."""
+
+    def surely_left(self, now: float) -> float:
+        return self.refreshed + self.granted - now
+
+
+@dataclass(slots=True, eq=False)
+class _Place:
+    """A fair waiter's place: its queue key's lease and create revision."""
+
+    lease: _Lease
+    revision: int
+
+
+# Guards the creation of a backend's per-process state. A forked child gets a new one,
+# in case another thread of the parent held it at the fork.
+_STATE_MUTEX = threading.Lock()
+
+
+def _new_state_mutex() -> None:
+    global _STATE_MUTEX
+    _STATE_MUTEX = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_state_mutex)
+
+
+class _LeaseNotFound(BackendError):
+    """The lease named in a request no longer exists (expired or revoked)."""
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class _ProcessState:
+    """Everything that must not cross a fork: connections, records, workers."""
+
+    def __init__(self, client_options: dict[str, Any]) -> None:
+        self.pid = os.getpid()
+        # A thread lock in both flavours: its critical sections never await.
+        self.mutex = threading.Lock()
+        self.client = httpx.AsyncClient(**client_options)
+        # Each watch stream holds its connection while it lasts; none is kept for reuse.
+        self.watch_client = httpx.AsyncClient(
+            **client_options,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=0),
+        )
+        self.token: str | None = None
+        self.held: dict[tuple[str, str], _Lease] = {}
+        self.pending: dict[tuple[str, str], _Lease] = {}
+        self.places: dict[tuple[str, str], _Place] = {}
+        self.feeds: dict[str, AsyncWatchFeed] = {}
+        self.reaper: AsyncLeaseReaper | None = None
+
+
+class AsyncLeaseReaper:
+    """Ends, at the lock's own TTL, the leases of this process the server would keep longer.
+
+    One worker per backend and process, sleeping until the earliest deadline;
+    it exits when nothing is scheduled and is started again on demand. Its
+    table is guarded by the process state's mutex, which `extend` also takes,
+    so a renewal and an early end never both win.
+    """
+
+    def __init__(self, backend: AsyncEtcdBackend, state: _ProcessState) -> None:
+        self._backend = backend
+        self._state = state
+        self._due: dict[int, tuple[_Lease, str]] = {}
+        self._wake = Event()
+        self._worker: Worker | None = None
+        self._closed = False
+
+    def schedule(self, lease: _Lease, name: str) -> None:
+        """(Re)schedule `lease` at its deadline, or forget it; call with the mutex held."""
+        if lease.deadline is None:
+            self._due.pop(lease.id, None)
+            return
+        self._due[lease.id] = (lease, name)
+        if not self._closed and (self._worker is None or not self._worker.alive()):
+            self._worker = spawn(self._run, name="corral-etcd-reaper")
+        self._wake.set()
+
+    def cancel(self, lease: _Lease) -> None:
+        """Forget `lease`; call with the mutex held."""
+        self._due.pop(lease.id, None)
+
+    async def _run(self) -> None:
+        clock = self._backend.clock
+        while True:
+            ending: list[tuple[_Lease, str]] = []
+            delay: float | None = None
+            with self._state.mutex:
+                if self._closed or not self._due:
+                    self._worker = None
+                    return
+                now = clock.now()
+                for lease_id, (lease, name) in list(self._due.items()):
+                    assert lease.deadline is not None
+                    if lease.deadline <= now:
+                        del self._due[lease_id]
+                        lease.dead = True
+                        ending.append((lease, name))
+                    else:
+                        left = lease.deadline - now
+                        delay = left if delay is None else min(delay, left)
+            for lease, name in ending:
+                await self._backend._end_early(lease, name)
+            if not ending:
+                await self._wake.wait(delay)
+                self._wake.clear()
+
+    async def aclose(self) -> None:
+        with self._state.mutex:
+            self._closed = True
+            worker = self._worker
+        self._wake.set()
+        if worker is not None:
+            await worker.join()
+
+
+class AsyncWatchFeed:
+    """One watch stream on one lock's keys, shared by this process's waiters of that lock.
+
+    Every deletion under the lock's prefix (a release, an expiry, a waiter
+    leaving the queue) sets every subscribed event. A feed that fails is never
+    repaired, as events may have been missed: it wakes its waiters, and each
+    subscribes again (on a new feed) before its next attempt.
+    """
+
+    def __init__(
+        self,
+        backend: AsyncEtcdBackend,
+        state: _ProcessState,
+        name: str,
+        index: int,
+        within: float,
+    ) -> None:
+        self.pid = os.getpid()
+        self.name = name
+        self.index = index
+        self._within = within
+        self._backend = backend
+        self._state = state
+        self._generation = backend.endpoints.failures(index)
+        self._body = api.watch_create(api.lock_keys(backend.prefix, name))
+        self._headers = backend._auth_headers(state)
+        self.events: set[Event] = set()
+        self.ready = Event()
+        """Set once the watch is confirmed, or has failed."""
+        self.confirmed = False
+        self.failure: str | None = None
+        self.trouble: api.Trouble | None = None
+        self.timed_out = False
+        self._mutex = threading.Lock()
+        self._socket: Any = None
+        self._stopping = False
+        self._worker: Worker | None = None
+
+    @property
+    def usable(self) -> bool:
+        return (
+            self.failure is None
+            and not self._stopping
+            and self.pid == os.getpid()
+            and self._backend.endpoints.failures(self.index) == self._generation
+        )
+
+    def start(self) -> None:
+        self._worker = spawn(self._run, name="corral-etcd-watch")
+
+    async def _run(self) -> None:
+        endpoints = self._backend.endpoints
+        url = endpoints.urls[self.index] + "/v3/watch"
+        try:
+            async with self._state.watch_client.stream(
+                "POST", url, json=self._body, headers=self._headers, timeout=self._within
+            ) as response:
+                network = response.extensions.get("network_stream")
+                with self._mutex:
+                    self._socket = network.get_extra_info("socket") if network else None
+                    if self._stopping:
+                        return
+                if response.status_code != 200:
+                    body = b""
+                    async for line in response.aiter_lines():
+                        body = line.encode()
+                        break
+                    error = api.server_error(response.status_code, body)
+                    self._fail(error.message, error.trouble)
+                    return
+                # The member answered in time; from now on the stream is silent until
+                # something is deleted. httpcore reads the read timeout from the request's
+                # extensions when the body starts, so it can be lengthened here (were that
+                # to change, a quiet stream would only be replaced more often).
+                timeouts = response.request.extensions.get("timeout")
+                if isinstance(timeouts, dict):
+                    response.request.extensions["timeout"] = {**timeouts, "read": WATCH_QUIET}
+                async for line in response.aiter_lines():
+                    if line.strip():
+                        self._handle(line)
+                self._fail("the member closed the watch stream")
+        except httpx.TimeoutException as exc:
+            self.timed_out = True
+            # Once confirmed, a timeout means quiet, not broken: replace the stream
+            # without blaming the member. Before, the caller blames it.
+            self._fail(f"no answer in time ({_describe(exc)})", blame=False)
+        except Exception as exc:
+            self._fail(_describe(exc))
+        finally:
+            self._fail("the watch stream ended")
+
+    def _handle(self, line: str) -> None:
+        message = api.decode_answer(line.encode())
+        if "error" in message:
+            error = api.server_error(200, line.encode())
+            self._fail(error.message, error.trouble)
+            return
+        result = message.get("result") or {}
+        if result.get("canceled"):
+            reason = str(result.get("cancel_reason") or "etcd cancelled the watch")
+            self._fail(reason, api.classify(None, reason))
+            return
+        if result.get("created") and not self.confirmed:
+            self.confirmed = True
+            self.ready.set()
+        if result.get("events"):
+            self._wake_all()
+
+    def _fail(self, reason: str, trouble: api.Trouble | None = None, *, blame: bool = True) -> None:
+        with self._mutex:
+            if self.failure is not None:
+                return
+            self.failure = reason
+            self.trouble = trouble
+            expected = self._stopping
+        if blame and self.confirmed and not expected and self.pid == os.getpid():
+            # A broken stream says as much about the member as a failed call (before
+            # confirmation, `_subscribe` blames the member itself).
+            self._backend.endpoints.failed(self.index)
+        self.ready.set()
+        self._wake_all()
+
+    def _wake_all(self) -> None:
+        with self._state.mutex:
+            events = list(self.events)
+        for event in events:
+            event.set()
+
+    def abandon(self, reason: str) -> None:
+        """Give up on a member that did not confirm the watch in time (the caller blames it)."""
+        self._fail(reason, blame=False)
+        self.stop()
+
+    def stop(self) -> None:
+        """End the stream: closing its socket ends a read the worker is blocked in."""
+        with self._mutex:
+            self._stopping = True
+            sock = self._socket
+        if sock is not None and self.pid == os.getpid():
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    async def join(self) -> None:
+        worker = self._worker
+        if worker is not None and self.pid == os.getpid():
+            await worker.join()
+
+
+class AsyncEtcdWaiter(AsyncWaiter):
+    """Hears this lock's releases and expiries through a watch, and this process's directly.
+
+    If the watch fails, the next `wait` watches again and reports a wake-up,
+    so the caller re-attempts only once the new watch is confirmed.
+    """
+
+    def __init__(self, backend: AsyncEtcdBackend, name: str) -> None:
+        super().__init__(backend.local_bus, name)
+        self._backend = backend
+        self._feed: AsyncWatchFeed | None = None
+
+    async def __aenter__(self) -> AsyncEtcdWaiter:
+        await super().__aenter__()
+        try:
+            self._feed = await self._backend._subscribe(self._name, self._event)
+        except BaseException:
+            await super().__aexit__(None, None, None)
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        feed, self._feed = self._feed, None
+        try:
+            if feed is not None:
+                self._backend._unsubscribe(feed, self._event)
+        finally:
+            await super().__aexit__(exc_type, exc, tb)
+
+    async def wait(self, timeout: float) -> bool:
+        feed = self._feed
+        if feed is not None and feed.usable:
+            return await super().wait(timeout)
+        self._feed = None
+        if feed is not None:
+            self._backend._unsubscribe(feed, self._event)
+        try:
+            self._feed = await self._backend._subscribe(self._name, self._event)
+        except BackendError:
+            # The next attempt will report the cluster's state; until then, wait it out.
+            return await super().wait(timeout)
+        self._event.clear()
+        return True
+
+
+class AsyncEtcdBackend(AsyncBackend):
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        scheme="etcd",
+        notifies=True,
+        cross_process=True,
+        cross_host=True,
+        linearizable=True,
+        fair=True,
+        replicas=False,
+        ttl_clock=(
+            "the etcd leader's clock (leases of whole seconds, at least the cluster's "
+            "minimum; a live holder ends a longer lease itself at the TTL)"
+        ),
+        on_client_crash=(
+            "the lock stays held until its lease runs out on the server: the TTL rounded up "
+            "to whole seconds and at least the cluster's minimum lease (2 s by default), "
+            "then anyone may take it and waiters are woken"
+        ),
+        on_server_restart=(
+            "locks and fencing tokens survive member restarts (Raft log on disk); a new "
+            "leader extends every lease by an election timeout, so a crashed holder's lock "
+            "may outlive its TTL a little, never the reverse"
+        ),
+        on_partition=(
+            "a majority loss stops all acquisitions (BackendUnavailable) rather than granting "
+            "a lock twice; a member cut off in a minority refuses and the client asks another"
+        ),
+        on_memory_pressure=(
+            "never evicted; at its space quota etcd refuses writes (NOSPACE alarm) and "
+            "acquisitions fail with BackendError until it is compacted and defragmented"
+        ),
+    )
+
+    def __init__(self, options: api.EtcdOptions, *, clock: Clock) -> None:
+        super().__init__()
+        self.options = options
+        self.clock = clock
+        self.prefix = options.prefix
+        self.timeout = options.timeout
+        self.endpoints = api.Endpoints(options.endpoints, options.hosts)
+        self._client_options: dict[str, Any] = {
+            "trust_env": False,
+            "headers": _HEADERS,
+            "timeout": options.timeout,
+        }
+        # One TLS context per backend, built here: httpx would otherwise load the CA
+        # bundle for every client (tens of milliseconds, blocking the event loop). Plain
+        # http has no certificates to verify, so it needs none.
+        self._client_options["verify"] = _tls_context(options) if options.tls else False
+        self._process: _ProcessState | None = None
+        self._closed = False
+
+    @classmethod
+    def from_url(cls, url: str, *, clock: Clock, **options: Any) -> AsyncEtcdBackend:
+        """Open a backend on `url`; the clock times this process's early lease ends."""
+        return cls(api.parse_url(url, options), clock=clock)
+
+    @property
+    def server(self) -> str:
+        return self.options.server
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.server}>"
+
+    # -- per-process state ------------------------------------------------------------
+
+    def _state(self) -> _ProcessState:
+        state = self._process
+        if state is not None and state.pid == os.getpid():
+            return state
+        with _STATE_MUTEX:
+            state = self._process
+            if state is None or state.pid != os.getpid():
+                if state is not None:
+                    # A forked child: the parent's connections, streams, leases and
+                    # workers are its own; the child starts afresh and never touches
+                    # them, nor a lock another thread of the parent may have held.
+                    self.endpoints = api.Endpoints(self.options.endpoints, self.options.hosts)
+                state = self._process = _ProcessState(self._client_options)
+        return state
+
+    def _reaper(self, state: _ProcessState) -> AsyncLeaseReaper:
+        if state.reaper is None:
+            state.reaper = AsyncLeaseReaper(self, state)
+        return state.reaper
+
+    def _auth_headers(self, state: _ProcessState) -> dict[str, str]:
+        return {"Authorization": state.token} if state.token else {}
+
+    # -- errors -------------------------------------------------------------------------
+
+    def _where(self, name: str, action: str) -> str:
+        return f"lock {name!r} on {self.server}: could not {action} it"
+
+    def _unavailable(self, name: str, action: str, problems: list[str]) -> BackendUnavailable:
+        seen = "; ".join(dict.fromkeys(problems)) or f"no member answered within {self.timeout:g} s"
+        return BackendUnavailable(f"{self._where(name, action)}: {seen}; {_UNAVAILABLE_ADVICE}")
+
+    def _refused(self, error: api.ServerError, name: str, action: str, host: str) -> BackendError:
+        where = f"{self._where(name, action)}: {host} answered {error.message!r}"
+        trouble = error.trouble
+        if trouble is api.Trouble.LEASE_NOT_FOUND:
+            return _LeaseNotFound(where)
+        if trouble is api.Trouble.CREDENTIALS:
+            return BackendError(f"{where}; check the user and password in the URL")
+        if trouble in (api.Trouble.AUTH_REQUIRED, api.Trouble.BAD_TOKEN):
+            return BackendError(
+                f"{where}; the cluster has authentication enabled: put a user in the URL "
+                "(etcd://user:password@host:2379)"
+            )
+        if trouble is api.Trouble.PERMISSION:
+            return BackendError(
+                f"{where}; grant the user's role readwrite on the prefix {self.prefix}/ "
+                f"(etcdctl role grant-permission ROLE --prefix=true readwrite {self.prefix}/)"
+            )
+        if trouble is api.Trouble.NO_SPACE:
+            return BackendError(
+                f"{where}; etcd is over its space quota: compact and defragment it, then "
+                "disarm the NOSPACE alarm (etcdctl alarm disarm)"
+            )
+        return BackendError(f"{where}; check the members' logs")
+
+    # -- requests -----------------------------------------------------------------------
+
+    async def _post(
+        self,
+        path: str,
+        body: dict[str, Any],
+        deadline: float,
+        name: str,
+        action: str,
+        *,
+        authenticate: bool = True,
+    ) -> dict[str, Any]:
+        """One request, to the first member that answers it, within `deadline` (monotonic).
+
+        Each member tried gets an equal share of the time left, so a member that
+        does not answer cannot use up the whole call. The same request may reach
+        the cluster twice (it was applied but the answer was lost, then another
+        member is asked): every caller recognises its own earlier success.
+        """
+        if self._closed:
+            raise BackendError(f"{self._where(name, action)}: the store is closed")
+        state = self._state()
+        if authenticate:
+            await self._authenticate(state, deadline, name, action)
+        tries = api.Tries(self.endpoints, self.timeout, deadline)
+        renewed_token = False
+        while (chosen := tries.next()) is not None:
+            if chosen.pause:
+                await sleep(chosen.pause)
+            index, within = chosen.index, chosen.within
+            host = self.endpoints.hosts[index]
+            headers = self._auth_headers(state) if authenticate else None
+            try:
+                response = await state.client.post(
+                    self.endpoints.urls[index] + path, json=body, headers=headers, timeout=within
+                )
+            except httpx.TimeoutException:
+                tries.failed(index, api.Failure.SLOW, f" did not answer within {within:.2g} s")
+                continue
+            except (httpx.HTTPError, OSError) as exc:
+                tries.failed(index, api.Failure.DOWN, f": {_describe(exc)}")
+                continue
+            if response.status_code == 200:
+                try:
+                    answer = api.decode_answer(response.content)
+                except (ValueError, UnicodeDecodeError) as exc:
+                    raise BackendError(
+                        f"{self._where(name, action)}: {host} answered with something that "
+                        f"is not etcd's JSON ({exc}); is it an etcd client URL?"
+                    ) from exc
+                if "error" not in answer:
+                    self.endpoints.succeeded(index)
+                    return answer
+            error = api.server_error(response.status_code, response.content)
+            if error.trouble is api.Trouble.ELSEWHERE:
+                tries.failed(index, api.Failure.BUSY, f": {error.message}")
+                continue
+            if (
+                error.trouble in (api.Trouble.BAD_TOKEN, api.Trouble.AUTH_REQUIRED)
+                and authenticate
+                and self.options.username is not None
+                and not renewed_token
+            ):
+                # Simple tokens expire after a few idle minutes: log in again, once.
+                renewed_token = True
+                state.token = None
+                await self._authenticate(state, deadline, name, action)
+                tries.again(index)
+                continue
+            raise self._refused(error, name, action, host)
+        raise self._unavailable(name, action, tries.problems)
+
+    async def _authenticate(
+        self, state: _ProcessState, deadline: float, name: str, action: str
+    ) -> None:
+        if self.options.username is None or state.token is not None:
+            return
+        body = {"name": self.options.username, "password": self.options.password or ""}
+        try:
+            answer = await self._post(
+                "/v3/auth/authenticate", body, deadline, name, action, authenticate=False
+            )
+        except BackendError as exc:
+            if "authentication is not enabled" not in str(exc):
+                raise
+            state.token = ""  # the cluster does not check users: send none
+            return
+        state.token = str(answer.get("token") or "")
+
+    async def _txn(
+        self, body: dict[str, Any], deadline: float, name: str, action: str
+    ) -> dict[str, Any]:
+        return await self._post("/v3/kv/txn", body, deadline, name, action)
+
+    async def _grant(self, ttl: float, deadline: float, name: str, action: str) -> _Lease:
+        sent = self.clock.now()
+        answer = await self._post(
+            "/v3/lease/grant", {"TTL": str(api.lease_seconds(ttl))}, deadline, name, action
+        )
+        lease_id, granted = int(answer.get("ID", 0)), int(answer.get("TTL", 0))
+        if lease_id == 0 or granted <= 0:
+            raise BackendError(
+                f"{self._where(name, action)}: etcd granted no usable lease "
+                f"({answer.get('error') or answer}); check the members' logs"
+            )
+        return _Lease(lease_id, granted, ttl, sent)
+
+    async def _keepalive(self, lease_id: int, deadline: float, name: str, action: str) -> int:
+        """Restart a lease's count-down; its TTL, or 0 when the lease is gone."""
+        answer = await self._post(
+            "/v3/lease/keepalive", {"ID": str(lease_id)}, deadline, name, action
+        )
+        return int((answer.get("result") or {}).get("TTL", 0))
+
+    async def _revoke(self, lease_id: int, deadline: float, name: str, action: str) -> None:
+        await self._post("/v3/lease/revoke", {"ID": str(lease_id)}, deadline, name, action)
+
+    async def _revoke_quietly(self, lease_id: int, deadline: float, name: str) -> None:
+        """Revoke a lease nothing depends on any more; if that fails it expires on its own."""
+        try:
+            await self._revoke(lease_id, deadline, name, "clean up after")
+        except BackendError as exc:
+            log.debug("lease %x of lock %r was left to expire: %s", lease_id, name, exc)
+
+    def _holder(self, kv: dict[str, Any] | None, name: str) -> api.Holder | None:
+        if kv is None:
+            return None
+        try:
+            return api.parse_holder(kv)
+        except (ValueError, TypeError, KeyError) as exc:
+            key = api.lock_keys(self.prefix, name).holder.decode(errors="replace")
+            raise BackendError(
+                f"lock {name!r} on {self.server}: the key {key} holds a value corral did not "
+                f"write ({exc}); another program uses the same keys (choose another prefix=)"
+            ) from exc
+
+    async def _read_holder(self, name: str, deadline: float, action: str) -> api.Holder | None:
+        keys = api.lock_keys(self.prefix, name)
+        answer = await self._post(
+            "/v3/kv/range", api.range_request(keys.holder), deadline, name, action
+        )
+        kvs = answer.get("kvs") or []
+        return self._holder(kvs[0] if kvs else None, name)
+
+    async def _seconds_left(
+        self, holder: api.Holder | None, deadline: float, name: str, action: str
+    ) -> float | None:
+        """At most how long `holder` has left: its lease's whole seconds (rounded down) + 1,
+        and never more than the TTL it asked for, which its process enforces itself."""
+        if holder is None:
+            return None
+        if holder.lease == 0:
+            return math.inf  # not written by corral's lock logic: it never expires
+        answer = await self._post(
+            "/v3/lease/timetolive", {"ID": str(holder.lease)}, deadline, name, action
+        )
+        left = int(answer.get("TTL", -1))
+        if left < 0:
+            return 0.0  # expired this instant: the deletion is on its way
+        return min(float(left + 1), holder.ttl)
+
+    def _deadline(self) -> float:
+        return time.monotonic() + self.timeout
+
+    def _prune(self, state: _ProcessState, now: float) -> None:
+        """Forget leases the server has surely expired: unused ones and queue places of
+        waiters that gave up, and locks whose handles were dropped without a release.
+        (A release or extend without a record asks the server, with the same outcome.)"""
+        with state.mutex:
+            for key in [k for k, lease in state.held.items() if lease.surely_left(now) < 0]:
+                if state.held[key].deadline is None or state.held[key].dead:
+                    del state.held[key]
+            for key in [k for k, lease in state.pending.items() if lease.surely_left(now) < 0]:
+                del state.pending[key]
+            for key in [k for k, place in state.places.items() if place.lease.surely_left(now) < 0]:
+                del state.places[key]
+
+    # -- acquire ------------------------------------------------------------------------
+
+    async def try_acquire(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        *,
+        queue_ttl: float | None = None,
+        replicas: int = 0,
+        replica_timeout: float = 1.0,
+    ) -> Attempt:
+        if replicas:
+            raise ConfigError(f"{self.server} does not support replicas=N (Raft replaces it)")
+        deadline = self._deadline()
+        start = self.clock.now()
+        state = self._state()
+        keys = api.lock_keys(self.prefix, name)
+        self._prune(state, start)
+        if queue_ttl is None:
+
+            def unfair(value: bytes, lease_id: int) -> dict[str, Any]:
+                return api.acquire_txn(keys, value, lease_id)
+
+            return await self._attempt(state, name, owner, ttl, deadline, unfair)
+        place = await self._refresh_place(state, name, owner, queue_ttl, start, deadline)
+        if place is None:
+
+            def first(value: bytes, lease_id: int) -> dict[str, Any]:
+                return api.fair_first_txn(keys, owner, value, lease_id)
+
+            return await self._attempt(state, name, owner, ttl, deadline, first, queue_ttl)
+        revision = place.revision
+
+        def take(value: bytes, lease_id: int) -> dict[str, Any]:
+            return api.fair_take_txn(keys, owner, value, lease_id, revision)
+
+        return await self._attempt(state, name, owner, ttl, deadline, take, None, place)
+
+    async def _attempt(
+        self,
+        state: _ProcessState,
+        name: str,
+        owner: str,
+        ttl: float,
+        deadline: float,
+        build: Callable[[bytes, int], dict[str, Any]],
+        queue_ttl: float | None = None,
+        place: _Place | None = None,
+    ) -> Attempt:
+        """One acquisition transaction on a lease (the waiter's unused one, else a new one).
+
+        With `queue_ttl`, the transaction is a fair newcomer's, which queues when it
+        fails; with `place`, it is a queued waiter's turn.
+        """
+        key = (name, owner)
+        with state.mutex:
+            lease = state.pending.pop(key, None)
+        fresh = (
+            lease is None
+            or lease.ttl != ttl
+            or lease.surely_left(self.clock.now()) < LEASE_REUSE_MARGIN
+        )
+        if lease is None or fresh:
+            lease = await self._grant(ttl, deadline, name, "acquire")
+        value = api.holder_value(owner, ttl)
+        try:
+            answer = await self._txn(build(value, lease.id), deadline, name, "acquire")
+        except _LeaseNotFound:
+            if fresh:
+                raise
+            # The kept lease ran out on the server sooner than expected: take a new one.
+            lease, fresh = await self._grant(ttl, deadline, name, "acquire"), True
+            answer = await self._txn(build(value, lease.id), deadline, name, "acquire")
+        if api.txn_succeeded(answer):
+            if place is not None:
+                self._leave_place(state, key, place)
+            return await self._took(state, name, owner, lease, fresh, api.txn_revision(answer))
+        found = api.txn_ranges(answer)
+        holder = self._holder(found[0] if found else None, name)
+        if holder is not None and holder.owner == owner and holder.lease == lease.id:
+            # An earlier try of this very request was applied before its answer was lost.
+            if place is not None:
+                self._leave_place(state, key, place)
+            return await self._took(state, name, owner, lease, fresh, holder.token)
+        with state.mutex:
+            state.pending[key] = lease  # for this waiter's next attempt
+        if queue_ttl is not None:
+            revision = api.put_revision(answer)
+            await self._settle_place(state, name, owner, queue_ttl, revision, deadline)
+        if place is not None:
+            mine = found[1] if len(found) > 1 else None
+            if mine is None or int(mine.get("create_revision", 0)) != place.revision:
+                self._leave_place(state, key, place)  # the place expired: queue again next time
+        left = await self._seconds_left(holder, deadline, name, "acquire")
+        return Attempt(False, holder_ttl=left)
+
+    async def _took(
+        self,
+        state: _ProcessState,
+        name: str,
+        owner: str,
+        lease: _Lease,
+        fresh: bool,
+        token: int,
+    ) -> Attempt:
+        start = self.clock.now()
+        if not fresh:
+            # A kept lease has been counting down since it was granted: restart it, so the
+            # lock gets its whole TTL. If it ran out first, the key went with it.
+            deadline = self._deadline()
+            if await self._keepalive(lease.id, deadline, name, "acquire") <= 0:
+                return Attempt(False)
+            lease.refreshed = start
+        if lease.ttl < lease.granted - EARLY_END:
+            lease.deadline = lease.refreshed + lease.ttl
+        with state.mutex:
+            state.held[(name, owner)] = lease
+            self._reaper(state).schedule(lease, name)
+        return Attempt(True, token=token)
+
+    # -- fair queue ---------------------------------------------------------------------
+
+    async def _refresh_place(
+        self,
+        state: _ProcessState,
+        name: str,
+        owner: str,
+        queue_ttl: float,
+        start: float,
+        deadline: float,
+    ) -> _Place | None:
+        key = (name, owner)
+        with state.mutex:
+            place = state.places.get(key)
+        if place is None:
+            return None
+        # The lock logic attempts at least every queue_ttl / 3: keeping alive at a quarter
+        # of it refreshes the place well before it expires, and skips most keep-alives.
+        if start - place.lease.refreshed < queue_ttl / 4:
+            return place
+        if await self._keepalive(place.lease.id, deadline, name, "queue for") <= 0:
+            self._leave_place(state, key, place)
+            return None  # the place expired (this process was paused?): queue again
+        place.lease.refreshed = start
+        return place
+
+    async def _settle_place(
+        self,
+        state: _ProcessState,
+        name: str,
+        owner: str,
+        queue_ttl: float,
+        revision: int,
+        deadline: float,
+    ) -> None:
+        """Move a new place (queued on the lock lease it came with) to a short lease of its own.
+
+        Until then a waiter that dies would hold its place for the lock's TTL rather
+        than `queue_ttl`: a window of one round trip.
+        """
+        keys = api.lock_keys(self.prefix, name)
+        lease = await self._grant(queue_ttl, deadline, name, "queue for")
+        answer = await self._txn(
+            api.place_txn(keys, owner, revision, lease.id), deadline, name, "queue for"
+        )
+        if not api.txn_succeeded(answer):
+            await self._revoke_quietly(lease.id, deadline, name)
+            return  # the place is gone already: the next attempt queues again
+        with state.mutex:
+            state.places[(name, owner)] = _Place(lease, revision)
+
+    def _leave_place(self, state: _ProcessState, key: tuple[str, str], place: _Place) -> None:
+        # Its queue key is gone (taken or expired); the unattached lease expires by itself.
+        with state.mutex:
+            if state.places.get(key) is place:
+                del state.places[key]
+
+    async def leave_queue(self, name: str, owner: str) -> None:
+        state = self._state()
+        with state.mutex:
+            place = state.places.pop((name, owner), None)
+            unused = state.pending.pop((name, owner), None)
+        deadline = self._deadline()
+        if place is not None:
+            # Revoking the place's lease deletes its key, which wakes the waiters behind.
+            with contextlib.suppress(_LeaseNotFound):
+                await self._revoke(place.lease.id, deadline, name, "leave the queue of")
+            self.local_bus.notify(name)
+        if unused is not None:
+            await self._revoke_quietly(unused.id, deadline, name)
+
+    # -- release, extend ----------------------------------------------------------------
+
+    async def release(self, name: str, owner: str, hold_for: float = 0.0) -> Outcome:
+        deadline = self._deadline()
+        state = self._state()
+        key = (name, owner)
+        with state.mutex:
+            lease = state.held.pop(key, None)
+            state.pending.pop(key, None)
+        if hold_for > 0:
+            return await self._hold(state, name, owner, lease, hold_for, deadline)
+        if lease is None:
+            return await self._release_by_owner(name, owner, deadline)
+        try:
+            await self._revoke(lease.id, deadline, name, "release")
+        except _LeaseNotFound:
+            gone = True
+        else:
+            gone = False
+        # Only now: until the revoke is through, the reaper still ends a short lease at its TTL.
+        with state.mutex:
+            self._reaper(state).cancel(lease)
+        if gone:
+            return await self._release_by_owner(name, owner, deadline)
+        if lease.dead:
+            return Outcome.EXPIRED  # its TTL ran out while the release was on its way
+        self.local_bus.notify(name)
+        return Outcome.OK
+
+    async def _release_by_owner(self, name: str, owner: str, deadline: float) -> Outcome:
+        """Release without a record of the lease (or with a stale one): find it by owner."""
+        holder = await self._read_holder(name, deadline, "release")
+        if holder is None:
+            return Outcome.EXPIRED
+        if holder.owner != owner:
+            return Outcome.LOST
+        try:
+            await self._revoke(holder.lease, deadline, name, "release")
+        except _LeaseNotFound:
+            return Outcome.EXPIRED  # it ran out between the read and the revoke
+        self.local_bus.notify(name)
+        return Outcome.OK
+
+    async def _hold(
+        self,
+        state: _ProcessState,
+        name: str,
+        owner: str,
+        lease: _Lease | None,
+        hold_for: float,
+        deadline: float,
+    ) -> Outcome:
+        """Keep the lock closed and ownerless for `hold_for` seconds, on a lease of its own."""
+        start = self.clock.now()
+        if lease is None:
+            holder = await self._read_holder(name, deadline, "release")
+            if holder is None:
+                return Outcome.EXPIRED
+            if holder.owner != owner:
+                return Outcome.LOST
+            current = holder.lease
+        else:
+            current = lease.id
+        keys = api.lock_keys(self.prefix, name)
+        hold = await self._grant(hold_for, deadline, name, "release")
+        value = api.holder_value(None, hold_for)
+        move = api.move_txn(keys, current, value, hold.id)
+        answer = await self._txn(move, deadline, name, "release")
+        if not api.txn_succeeded(answer):
+            await self._revoke_quietly(hold.id, deadline, name)
+            found = api.txn_ranges(answer)
+            return Outcome.EXPIRED if self._holder(found[0], name) is None else Outcome.LOST
+        hold.refreshed = start
+        if hold_for < hold.granted - EARLY_END:
+            hold.deadline = start + hold_for
+        with state.mutex:
+            if lease is not None:
+                self._reaper(state).cancel(lease)
+            self._reaper(state).schedule(hold, name)
+        await self._revoke_quietly(current, deadline, name)
+        return Outcome.OK
+
+    async def extend(self, name: str, owner: str, ttl: float) -> Outcome:
+        deadline = self._deadline()
+        start = self.clock.now()
+        state = self._state()
+        key = (name, owner)
+        with state.mutex:
+            lease = state.held.get(key)
+        if lease is None or lease.dead:
+            holder = await self._read_holder(name, deadline, "extend")
+            if holder is not None and holder.owner != owner:
+                return Outcome.LOST
+            if holder is None or lease is not None:
+                return Outcome.EXPIRED  # (or being ended at its TTL by the reaper)
+            lease = _Lease(holder.lease, 0, holder.ttl, start)  # ours, but not on record
+        elif ttl == lease.ttl:
+            if await self._keepalive(lease.id, deadline, name, "extend") <= 0:
+                holder = await self._read_holder(name, deadline, "extend")
+                return Outcome.EXPIRED if holder is None else Outcome.LOST
+            with state.mutex:
+                if lease.dead:
+                    return Outcome.EXPIRED  # ended at its TTL while the renewal was on its way
+                lease.refreshed = start
+                if lease.deadline is not None:
+                    lease.deadline = start + ttl
+                self._reaper(state).schedule(lease, name)
+            return Outcome.OK
+        # A lease's TTL is fixed when it is granted: move the key to a new lease.
+        keys = api.lock_keys(self.prefix, name)
+        new = await self._grant(ttl, deadline, name, "extend")
+        value = api.holder_value(owner, ttl)
+        move = api.move_txn(keys, lease.id, value, new.id)
+        answer = await self._txn(move, deadline, name, "extend")
+        if not api.txn_succeeded(answer):
+            await self._revoke_quietly(new.id, deadline, name)
+            found = api.txn_ranges(answer)
+            return Outcome.EXPIRED if self._holder(found[0], name) is None else Outcome.LOST
+        new.refreshed = start
+        if ttl < new.granted - EARLY_END:
+            new.deadline = start + ttl
+        with state.mutex:
+            reaper = self._reaper(state)
+            reaper.cancel(lease)
+            if state.held.get(key) in (lease, None):
+                state.held[key] = new
+            reaper.schedule(new, name)
+        await self._revoke_quietly(lease.id, deadline, name)
+        return Outcome.OK
+
+    async def _end_early(self, lease: _Lease, name: str) -> None:
+        """The reaper's job: the lock's TTL ran out before the server's lease would."""
+        try:
+            await self._revoke(lease.id, self._deadline(), name, "end")
+        except _LeaseNotFound:
+            return
+        except BackendError as exc:
+            log.debug("could not end the lease of lock %r at its TTL: %s", name, exc)
+            return
+        self.local_bus.notify(name)
+
+    # -- inspect, force_release --------------------------------------------------------
+
+    async def inspect(self, name: str) -> LockInfo | None:
+        deadline = self._deadline()
+        holder = await self._read_holder(name, deadline, "inspect")
+        if holder is None:
+            return None
+        left = await self._seconds_left(holder, deadline, name, "inspect")
+        assert left is not None
+        return LockInfo(name, holder.owner, holder.token, left)
+
+    async def force_release(self, name: str) -> bool:
+        deadline = self._deadline()
+        holder = await self._read_holder(name, deadline, "force-release")
+        if holder is None:
+            return False
+        if holder.lease == 0:
+            keys = api.lock_keys(self.prefix, name)
+            body = {
+                "compare": [
+                    {
+                        "key": api.b64(keys.holder),
+                        "target": "MOD",
+                        "result": "EQUAL",
+                        "mod_revision": str(holder.mod_revision),
+                    }
+                ],
+                "success": [{"request_delete_range": {"key": api.b64(keys.holder)}}],
+            }
+            released = api.txn_succeeded(await self._txn(body, deadline, name, "force-release"))
+        else:
+            try:
+                # The lease belongs to that one acquisition: revoking it frees exactly the
+                # holder just read, and tells it so at its next extend or release.
+                await self._revoke(holder.lease, deadline, name, "force-release")
+                released = True
+            except _LeaseNotFound:
+                released = False  # it ran out on its own meanwhile
+        if released:
+            self.local_bus.notify(name)
+        return released
+
+    # -- wake-ups -----------------------------------------------------------------------
+
+    def waiter(self, name: str) -> AsyncEtcdWaiter:
+        return AsyncEtcdWaiter(self, name)
+
+    async def _subscribe(self, name: str, event: Event) -> AsyncWatchFeed:
+        """Have `event` set on every deletion under lock `name`; return once etcd confirmed it.
+
+        Members are tried as `_post` tries them: each gets an equal share of what is
+        left of the timeout to confirm the watch.
+        """
+        deadline = self._deadline()
+        state = self._state()
+        await self._authenticate(state, deadline, name, "wait for")
+        tries = api.Tries(self.endpoints, self.timeout, deadline)
+        renewed_token = False
+        while (chosen := tries.next()) is not None:
+            if chosen.pause:
+                await sleep(chosen.pause)
+            with state.mutex:
+                feed = state.feeds.get(name)
+                if feed is None or not feed.usable:
+                    feed = AsyncWatchFeed(self, state, name, chosen.index, chosen.within)
+                    state.feeds[name] = feed
+                    feed.start()
+                feed.events.add(event)
+            await feed.ready.wait(chosen.within)
+            if feed.confirmed and feed.usable:
+                return feed
+            self._unsubscribe(feed, event)
+            index, host = feed.index, self.endpoints.hosts[feed.index]
+            if not feed.ready.is_set() or feed.timed_out:
+                feed.abandon("no confirmation in time")
+                text = f" did not confirm the watch within {chosen.within:.2g} s"
+                tries.failed(index, api.Failure.SLOW, text)
+                continue
+            trouble = feed.trouble
+            if (
+                trouble in (api.Trouble.BAD_TOKEN, api.Trouble.AUTH_REQUIRED)
+                and self.options.username is not None
+                and not renewed_token
+            ):
+                renewed_token = True
+                state.token = None
+                await self._authenticate(state, deadline, name, "wait for")
+                tries.again(index)
+                continue
+            if trouble is not None and trouble is not api.Trouble.ELSEWHERE:
+                error = api.ServerError(trouble, feed.failure or "")
+                raise self._refused(error, name, "wait for", host)
+            failure = api.Failure.DOWN if trouble is None else api.Failure.BUSY
+            tries.failed(index, failure, f": {feed.failure}")
+        raise self._unavailable(name, "wait for", tries.problems)
+
+    def _unsubscribe(self, feed: AsyncWatchFeed, event: Event) -> None:
+        """Undo one `_subscribe`; the last waiter of a feed closes its stream."""
+        state = self._process
+        if state is None or feed.pid != os.getpid():
+            return
+        with state.mutex:
+            feed.events.discard(event)
+            if feed.events:
+                return
+            if state.feeds.get(feed.name) is feed:
+                del state.feeds[feed.name]
+        feed.stop()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        state = self._process
+        if state is None or state.pid != os.getpid():
+            return  # nothing opened, or the parent's: a forked child leaves them alone
+        with state.mutex:
+            feeds = list(state.feeds.values())
+            state.feeds.clear()
+            reaper = state.reaper
+        for feed in feeds:
+            feed.stop()
+        if reaper is not None:
+            await reaper.aclose()
+        for feed in feeds:
+            await feed.join()
+        await state.client.aclose()
+        await state.watch_client.aclose()
+
+
+def _tls_context(options: api.EtcdOptions) -> ssl.SSLContext:
+    try:
+        context = ssl.create_default_context(cafile=options.ca_file)
+        if options.cert_file is not None:
+            context.load_cert_chain(options.cert_file, options.key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(
+            f"{options.server}: cannot load the TLS files (ca_file, cert_file, key_file): {exc}"
+        ) from exc
+    return context

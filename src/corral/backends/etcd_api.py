@@ -1,0 +1,684 @@
+"""What the etcd backend shares across flavours: the URL, key names, request bodies, answers.
+
+Everything here is plain data in and plain data out, with no I/O: the asyncio
+backend and the generated blocking one send the same JSON to etcd's v3 gRPC
+gateway (the HTTP/JSON face every etcd member serves since 3.3, under `/v3/`
+since 3.4) and read the same answers. The gateway speaks protobuf's JSON
+mapping: keys and values are base64, 64-bit integers travel as strings,
+fields equal to their zero value (0, false, empty) are left out, and errors
+come back as `{"error", "code", "message"}` with the gRPC status code.
+
+**Keys.** Lock `name` lives under its own prefix, `<prefix>/lock/<name>/`, with
+`/` and `%` in the name percent-escaped so that no lock's prefix is a prefix
+of another's (`a/` would otherwise cover `a/b/`). Under it: `holder`, the lock
+itself (its create revision is the fencing token), and `queue/<owner>`, one key
+per waiter of a fair lock. One watch on the lock's prefix therefore hears
+every release, expiry and queue departure of that lock and nothing else.
+
+**Why `holder` carries a JSON value.** `{"owner": ..., "ttl": ...}`: the owner
+for compare-by-owner and `lock_info`, `null` while `release(hold_for=...)`
+keeps it closed; the TTL the holder asked for, because etcd leases count whole
+seconds with a minimum, so the lease alone cannot say that a lock was taken
+for 0.3 s (see `lease_seconds`).
+"""
+
+from __future__ import annotations
+
+import base64
+import enum
+import json
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+from urllib.parse import parse_qsl, quote, unquote
+
+from corral.core.validate import check_ttl
+from corral.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_PORT",
+    "DEFAULT_PREFIX",
+    "DEFAULT_TIMEOUT",
+    "Endpoints",
+    "EtcdOptions",
+    "Failure",
+    "Holder",
+    "LockKeys",
+    "ServerError",
+    "Tries",
+    "Trouble",
+    "Try",
+    "acquire_txn",
+    "b64",
+    "classify",
+    "decode_answer",
+    "fair_first_txn",
+    "fair_take_txn",
+    "holder_value",
+    "lease_seconds",
+    "lock_keys",
+    "move_txn",
+    "parse_holder",
+    "parse_url",
+    "place_txn",
+    "prefix_end",
+    "put_revision",
+    "range_request",
+    "server_error",
+    "txn_ranges",
+    "txn_revision",
+    "txn_succeeded",
+    "watch_create",
+]
+
+DEFAULT_PORT = 2379
+DEFAULT_PREFIX = "corral"
+DEFAULT_TIMEOUT = 5.0
+
+_TLS_OPTIONS = ("ca_file", "cert_file", "key_file")
+OPTIONS = ("prefix", "timeout", *_TLS_OPTIONS)
+
+
+# -- the URL ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdOptions:
+    endpoints: tuple[str, ...]
+    """Base URLs of the members, `http://h:p` or `https://h:p`, in the order given."""
+    hosts: tuple[str, ...]
+    """`h:p` of each member, for messages."""
+    server: str
+    """The URL as shown in messages: every member, the user, never the password."""
+    username: str | None = None
+    password: str | None = None
+    prefix: str = DEFAULT_PREFIX
+    timeout: float = DEFAULT_TIMEOUT
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self.endpoints[0].startswith("https://")
+
+
+def redact(url: str) -> str:
+    """The URL with its password hidden; unlike `registry.redact` it copes with host lists."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    netloc, slash, tail = rest.partition("/")
+    netloc, question, query = netloc.partition("?")
+    userinfo, at, hosts = netloc.rpartition("@")
+    if at and ":" in userinfo:
+        netloc = f"{userinfo.split(':', 1)[0]}:***@{hosts}"
+    return f"{scheme}://{netloc}{question}{query}{slash}{tail}"
+
+
+def _host(text: str, url: str) -> tuple[str, int]:
+    if text.startswith("["):
+        host, bracket, rest = text[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            raise ConfigError(f"{redact(url)}: cannot read the host {text!r}")
+        port_text = rest[1:]
+    else:
+        host, _, port_text = text.partition(":")
+        if ":" in port_text:
+            raise ConfigError(
+                f"{redact(url)}: write an IPv6 address in brackets, as [{text}]:{DEFAULT_PORT}"
+            )
+    if not host:
+        raise ConfigError(f"{redact(url)}: a member has an empty host name ({text!r})")
+    if not port_text:
+        return host, DEFAULT_PORT
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ConfigError(f"{redact(url)}: {port_text!r} is not a port number")
+    return host, int(port_text)
+
+
+def _timeout(value: object, url: str) -> float:
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise ConfigError(
+                f"{redact(url)}: timeout must be a number of seconds, not {value!r}"
+            ) from None
+    try:
+        return check_ttl(value, "timeout")
+    except ConfigError as exc:
+        raise ConfigError(f"{redact(url)}: {exc}") from None
+
+
+def parse_url(url: str, options: Mapping[str, object]) -> EtcdOptions:
+    """`etcd://[user:password@]h1[:2379][,h2[:2379]...][?option=value...]`, or `etcds://` for TLS.
+
+    Options come as keywords or in the query string (so `CORRAL_URL` and
+    `--url` can carry them); the same option twice is an error.
+    """
+    scheme, sep, rest = url.partition("://")
+    scheme = scheme.lower()
+    if not sep or scheme not in ("etcd", "etcds"):
+        raise ConfigError(f"{redact(url)}: not an etcd:// or etcds:// URL")
+    rest, _, query = rest.partition("?")
+    netloc, _, path = rest.partition("/")
+    if path:
+        raise ConfigError(
+            f"{redact(url)}: an etcd URL has no path (got /{path}); choose a key prefix "
+            "with prefix= instead"
+        )
+    userinfo, at, host_list = netloc.rpartition("@")
+    username = password = None
+    if at:
+        user_text, colon, password_text = userinfo.partition(":")
+        username = unquote(user_text) or None
+        password = unquote(password_text) if colon else None
+        if username is None:
+            raise ConfigError(f"{redact(url)}: a password needs a user name (user:password@)")
+    if not host_list:
+        raise ConfigError(f"{redact(url)}: name at least one member, as etcd://host:2379")
+    members = [_host(part.strip(), url) for part in host_list.split(",")]
+    given: dict[str, object] = dict(options)
+    if query:
+        try:
+            pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=True)
+        except ValueError as exc:
+            raise ConfigError(f"{redact(url)}: cannot parse the options after '?' ({exc})") from exc
+        for key, value in pairs:
+            if key in given:
+                raise ConfigError(f"{redact(url)}: option {key!r} is given twice")
+            given[key] = value
+    unknown = sorted(set(given) - set(OPTIONS))
+    if unknown:
+        raise ConfigError(
+            f"{redact(url)}: unknown option(s) {', '.join(unknown)}; "
+            f"the etcd backend takes {', '.join(sorted(OPTIONS))}"
+        )
+    tls: dict[str, str] = {}
+    for key in _TLS_OPTIONS:
+        file = given.get(key)
+        if file is None:
+            continue
+        if not isinstance(file, str) or not file:
+            raise ConfigError(f"{redact(url)}: {key} must be a file name, got {file!r}")
+        tls[key] = file
+    if tls and scheme != "etcds":
+        raise ConfigError(f"{redact(url)}: {', '.join(sorted(tls))} need(s) an etcds:// URL (TLS)")
+    if ("cert_file" in tls) != ("key_file" in tls):
+        raise ConfigError(f"{redact(url)}: a client certificate needs both cert_file and key_file")
+    prefix = given.get("prefix", DEFAULT_PREFIX)
+    if not isinstance(prefix, str) or not prefix:
+        raise ConfigError(f"{redact(url)}: prefix must be a non-empty str, got {prefix!r}")
+    http = "https" if scheme == "etcds" else "http"
+    hosts = tuple(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in members)
+    shown_user = ""
+    if username is not None:
+        shown_user = quote(username, safe="") + (":***" if password is not None else "") + "@"
+    return EtcdOptions(
+        endpoints=tuple(f"{http}://{host}" for host in hosts),
+        hosts=hosts,
+        server=f"{scheme}://{shown_user}{','.join(hosts)}",
+        username=username,
+        password=password,
+        prefix=prefix.rstrip("/") or prefix,
+        timeout=_timeout(given.get("timeout", DEFAULT_TIMEOUT), url),
+        ca_file=tls.get("ca_file"),
+        cert_file=tls.get("cert_file"),
+        key_file=tls.get("key_file"),
+    )
+
+
+# -- the members ------------------------------------------------------------------
+
+
+class Endpoints:
+    """Which member to ask first, shared by every call of one backend.
+
+    Calls start at the member that answered last; a member that fails (refused,
+    timed out, has no leader) passes the turn to the next one. Failures are
+    also counted per member, so a watch stream on a member that has since
+    failed a call is known to be untrustworthy (a paused member's stream is
+    simply silent).
+    """
+
+    def __init__(self, urls: Sequence[str], hosts: Sequence[str]) -> None:
+        self.urls = tuple(urls)
+        self.hosts = tuple(hosts)
+        self._mutex = threading.Lock()
+        self._current = 0
+        self._failures = [0] * len(self.urls)
+
+    def __len__(self) -> int:
+        return len(self.urls)
+
+    def order(self) -> list[int]:
+        """Every member once, the current one first."""
+        with self._mutex:
+            first = self._current
+        return [(first + step) % len(self.urls) for step in range(len(self.urls))]
+
+    def succeeded(self, index: int) -> None:
+        with self._mutex:
+            self._current = index
+
+    def failed(self, index: int) -> None:
+        with self._mutex:
+            self._failures[index] += 1
+            if self._current == index:
+                self._current = (index + 1) % len(self.urls)
+
+    def failures(self, index: int) -> int:
+        with self._mutex:
+            return self._failures[index]
+
+
+class Failure(enum.Enum):
+    """How a member failed one try, which decides what to try next."""
+
+    DOWN = "down"
+    """Refused or dropped the connection: nothing listens there now."""
+    SLOW = "slow"
+    """Did not answer within its share of the time: frozen, cut off, or overloaded."""
+    BUSY = "busy"
+    """Answered that it cannot serve now (no leader, shutting down): it may soon."""
+
+
+# Pause before asking the members again when each of them answered fast but could not
+# serve (an election is under way), so a round of tries is not repeated in a tight loop.
+ROUND_PAUSE = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class Try:
+    index: int
+    """The member to ask."""
+    within: float
+    """How long it may take to answer."""
+    pause: float
+    """Seconds to wait before asking it."""
+
+
+class Tries:
+    """The members one call asks, in turn, and how long each may take: no I/O here.
+
+    Each try gets at most an equal share of the call's timeout (`timeout / members`),
+    so one member that does not answer cannot use up the call, and the call never
+    runs past its deadline. Rounds over the members repeat while time is left,
+    members that were slow in this call last, unless every member of a round was
+    down (then there is nobody to wait for). A round in which every member answered
+    but could not serve is followed by a short pause: a leader is being elected.
+    """
+
+    def __init__(
+        self,
+        endpoints: Endpoints,
+        timeout: float,
+        deadline: float,
+        now: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._endpoints = endpoints
+        self._share = timeout / len(endpoints)
+        self._deadline = deadline
+        self._now = now
+        self._queue = endpoints.order()
+        self._round: list[Failure] = []
+        self._slow: set[int] = set()
+        self.problems: list[str] = []
+
+    def next(self) -> Try | None:
+        """The next member to ask, or None: give up (report `problems`)."""
+        pause = 0.0
+        if not self._queue:
+            if all(failure is Failure.DOWN for failure in self._round):
+                return None
+            if Failure.SLOW not in self._round:
+                pause = ROUND_PAUSE
+            order = self._endpoints.order()
+            self._queue = [i for i in order if i not in self._slow]
+            self._queue += [i for i in order if i in self._slow]
+            self._round = []
+        remaining = self._deadline - self._now() - pause
+        if remaining <= 0:
+            return None
+        return Try(self._queue.pop(0), min(remaining, self._share), pause)
+
+    def again(self, index: int) -> None:
+        """Ask `index` again next (after renewing an expired auth token)."""
+        self._queue.insert(0, index)
+
+    def failed(self, index: int, failure: Failure, problem: str) -> None:
+        self._round.append(failure)
+        self.problems.append(f"{self._endpoints.hosts[index]}{problem}")
+        if failure is Failure.SLOW:
+            self._slow.add(index)
+        self._endpoints.failed(index)
+
+
+# -- leases -------------------------------------------------------------------------
+
+
+def lease_seconds(ttl: float) -> int:
+    """The lease TTL to ask for: whole seconds, rounded up, at least 1.
+
+    etcd raises it further to its minimum (1.5 election timeouts rounded up: 2 s
+    with the default 1 s election timeout) and says so in the grant's answer.
+    The lease is the bound the server enforces if the holder dies; while the
+    holder lives, its backend ends a lease that outlasts the lock's own TTL
+    itself, at that TTL, so a 0.3 s lock is free after 0.3 s.
+    """
+    return max(1, math.ceil(round(ttl, 6)))
+
+
+# -- keys -------------------------------------------------------------------------
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def unb64(text: object) -> bytes:
+    return base64.b64decode(str(text)) if text else b""
+
+
+def prefix_end(prefix: bytes) -> bytes:
+    """The first key after every key that starts with `prefix` (etcd's range end)."""
+    data = bytearray(prefix)
+    while data:
+        if data[-1] < 0xFF:
+            data[-1] += 1
+            return bytes(data)
+        data.pop()
+    return b"\0"  # every key
+
+
+class LockKeys(NamedTuple):
+    """The keys of one lock name."""
+
+    scope: bytes
+    """Every key of this lock starts with it; one watch covers them all."""
+    holder: bytes
+    """The lock: exists while held (or closed by hold_for), attached to a lease."""
+    queue: bytes
+    """Prefix of the fair waiters' keys, ordered by create revision."""
+
+    def queue_key(self, owner: str) -> bytes:
+        return self.queue + owner.encode()
+
+
+def _escape(name: str) -> str:
+    return name.replace("%", "%25").replace("/", "%2F")
+
+
+def lock_keys(prefix: str, name: str) -> LockKeys:
+    scope = f"{prefix}/lock/{_escape(name)}/".encode()
+    return LockKeys(scope=scope, holder=scope + b"holder", queue=scope + b"queue/")
+
+
+# -- values -----------------------------------------------------------------------
+
+
+def holder_value(owner: str | None, ttl: float) -> bytes:
+    return json.dumps({"owner": owner, "ttl": ttl}, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """What the `holder` key says, with the metadata etcd keeps for it."""
+
+    owner: str | None
+    ttl: float
+    token: int
+    """The key's create revision: the fencing token."""
+    lease: int
+    mod_revision: int
+
+
+def parse_holder(kv: Mapping[str, Any]) -> Holder:
+    """Raises ValueError when the key holds something corral did not write."""
+    data = json.loads(unb64(kv.get("value")))
+    if not isinstance(data, dict) or "owner" not in data:
+        raise ValueError("not a corral lock value")
+    owner, ttl = data["owner"], data.get("ttl")
+    if owner is not None and not isinstance(owner, str):
+        raise ValueError("owner is not a string")
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0:
+        raise ValueError("ttl is not a positive number")
+    return Holder(
+        owner=owner,
+        ttl=float(ttl),
+        token=int(kv.get("create_revision", 0)),
+        lease=int(kv.get("lease", 0)),
+        mod_revision=int(kv.get("mod_revision", 0)),
+    )
+
+
+# -- requests -------------------------------------------------------------------------
+
+
+def _compare(key: bytes, target: str, value: int, result: str = "EQUAL") -> dict[str, Any]:
+    field = {"CREATE": "create_revision", "MOD": "mod_revision", "LEASE": "lease"}[target]
+    return {"key": b64(key), "target": target, "result": result, field: str(value)}
+
+
+def _put(key: bytes, value: bytes, lease: int, *, prev_kv: bool = False) -> dict[str, Any]:
+    put: dict[str, Any] = {"key": b64(key), "value": b64(value), "lease": str(lease)}
+    if prev_kv:
+        put["prev_kv"] = True
+    return {"request_put": put}
+
+
+def _range(key: bytes) -> dict[str, Any]:
+    return {"request_range": {"key": b64(key)}}
+
+
+def _queue_empty(keys: LockKeys) -> dict[str, Any]:
+    # A comparison over a range holds when every key in it passes; an empty range is
+    # compared as one key with all-zero fields, so "create_revision == 0" means empty.
+    compare = _compare(keys.queue, "CREATE", 0)
+    compare["range_end"] = b64(prefix_end(keys.queue))
+    return compare
+
+
+def range_request(key: bytes) -> dict[str, Any]:
+    """A linearizable read of one key (the gateway's default; never `serializable`)."""
+    return {"key": b64(key)}
+
+
+def acquire_txn(keys: LockKeys, value: bytes, lease: int) -> dict[str, Any]:
+    """Create `holder` on `lease` if it does not exist, else read it."""
+    return {
+        "compare": [_compare(keys.holder, "CREATE", 0)],
+        "success": [_put(keys.holder, value, lease)],
+        "failure": [_range(keys.holder)],
+    }
+
+
+def fair_first_txn(keys: LockKeys, owner: str, value: bytes, lease: int) -> dict[str, Any]:
+    """A fair newcomer takes the lock at once if it is free and nobody queues; else it queues.
+
+    Queueing in this very transaction fixes its place as early as possible: its
+    arrival. The place is on `lease` (the lock lease it brought) only until the
+    caller moves it to a short queue lease, which it does next.
+    """
+    return {
+        "compare": [_compare(keys.holder, "CREATE", 0), _queue_empty(keys)],
+        "success": [_put(keys.holder, value, lease)],
+        "failure": [
+            _put(keys.queue_key(owner), owner.encode(), lease, prev_kv=True),
+            _range(keys.holder),
+        ],
+    }
+
+
+def place_txn(keys: LockKeys, owner: str, revision: int, lease: int) -> dict[str, Any]:
+    """Move `owner`'s queue key (created at `revision`) to `lease`; its place is kept."""
+    mine = keys.queue_key(owner)
+    return {
+        "compare": [_compare(mine, "CREATE", revision)],
+        "success": [_put(mine, owner.encode(), lease)],
+    }
+
+
+def fair_take_txn(
+    keys: LockKeys, owner: str, value: bytes, lease: int, revision: int
+) -> dict[str, Any]:
+    """Take the lock if it is free and `owner`'s queue key (created at `revision`) is the oldest.
+
+    Nobody can join ahead of an existing key (create revisions only grow), so
+    "no queue key older than mine, and mine still exists" is "I am the head".
+    """
+    mine = keys.queue_key(owner)
+    oldest = _compare(keys.queue, "CREATE", revision - 1, "GREATER")
+    oldest["range_end"] = b64(prefix_end(keys.queue))
+    return {
+        "compare": [_compare(keys.holder, "CREATE", 0), _compare(mine, "CREATE", revision), oldest],
+        "success": [
+            _put(keys.holder, value, lease),
+            {"request_delete_range": {"key": b64(mine)}},
+        ],
+        "failure": [_range(keys.holder), _range(mine)],
+    }
+
+
+def move_txn(keys: LockKeys, old_lease: int, value: bytes, new_lease: int) -> dict[str, Any]:
+    """Rewrite `holder` onto `new_lease` if it is still on `old_lease` (compare-by-owner).
+
+    A put on an existing key keeps its create revision, so the token stays.
+    """
+    return {
+        "compare": [_compare(keys.holder, "LEASE", old_lease)],
+        "success": [_put(keys.holder, value, new_lease)],
+        "failure": [_range(keys.holder)],
+    }
+
+
+def watch_create(keys: LockKeys) -> dict[str, Any]:
+    """Watch every key of one lock for deletions: release, lease expiry, a waiter leaving."""
+    return {
+        "create_request": {
+            "key": b64(keys.scope),
+            "range_end": b64(prefix_end(keys.scope)),
+            "filters": ["NOPUT"],
+        }
+    }
+
+
+# -- answers -------------------------------------------------------------------------
+
+
+def decode_answer(body: bytes) -> dict[str, Any]:
+    """The JSON object of a unary answer, or the first message of a streamed one.
+
+    Streamed answers (lease keep-alive) come as `{"result": ...}` or
+    `{"error": ...}` objects, one per line.
+    """
+    text = body.decode("utf-8").strip()
+    if "\n" in text:
+        text = text.split("\n", 1)[0]
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    return data
+
+
+def txn_succeeded(answer: Mapping[str, Any]) -> bool:
+    return bool(answer.get("succeeded", False))
+
+
+def txn_revision(answer: Mapping[str, Any]) -> int:
+    """The store revision after the transaction: the create revision of a key it created."""
+    return int(answer.get("header", {}).get("revision", 0))
+
+
+def put_revision(answer: Mapping[str, Any], index: int = 0) -> int:
+    """The create revision of the key written by the put at `index` (made with prev_kv)."""
+    responses = answer.get("responses") or []
+    put = (responses[index].get("response_put") or {}) if len(responses) > index else {}
+    previous = put.get("prev_kv")
+    return int(previous["create_revision"]) if previous else txn_revision(answer)
+
+
+def txn_ranges(answer: Mapping[str, Any]) -> list[dict[str, Any] | None]:
+    """The key each `request_range` of the taken branch found (None where missing), in order."""
+    found: list[dict[str, Any] | None] = []
+    for response in answer.get("responses", []):
+        if "response_range" in response:
+            kvs = response["response_range"].get("kvs") or []
+            found.append(kvs[0] if kvs else None)
+    return found
+
+
+class Trouble(enum.Enum):
+    """What an error answer means for the caller."""
+
+    LEASE_NOT_FOUND = "lease not found"
+    ELSEWHERE = "this member cannot serve now (no leader, election, overload): ask another"
+    BAD_TOKEN = "the auth token expired or is unknown: authenticate again"
+    CREDENTIALS = "wrong user or password"
+    AUTH_REQUIRED = "the cluster requires a user"
+    AUTH_DISABLED = "authentication is not enabled on the cluster"
+    PERMISSION = "the user lacks a permission"
+    NO_SPACE = "the database is over its space quota"
+    OTHER = "other"
+
+
+# gRPC status codes etcd uses.
+_CANCELLED, _DEADLINE_EXCEEDED, _NOT_FOUND = 1, 4, 5
+_PERMISSION_DENIED, _RESOURCE_EXHAUSTED, _FAILED_PRECONDITION = 7, 8, 9
+_UNAVAILABLE, _UNAUTHENTICATED = 14, 16
+
+
+@dataclass(frozen=True, slots=True)
+class ServerError:
+    trouble: Trouble
+    message: str
+
+
+def classify(code: int | None, message: str) -> Trouble:
+    """What an error (gRPC status code, message) means for the caller."""
+    text = message.lower()
+    if code == _NOT_FOUND and "lease not found" in text:
+        return Trouble.LEASE_NOT_FOUND
+    if code in (_CANCELLED, _UNAVAILABLE, _DEADLINE_EXCEEDED) or any(
+        sign in text for sign in ("is closing", "server stopped", "no leader")
+    ):
+        # Cancelled: the member is shutting down ("the client connection is closing").
+        return Trouble.ELSEWHERE
+    if code == _UNAUTHENTICATED or "invalid auth token" in text:
+        return Trouble.BAD_TOKEN if "token" in text else Trouble.CREDENTIALS
+    if "authentication failed" in text:
+        return Trouble.CREDENTIALS
+    if "user name is empty" in text:
+        return Trouble.AUTH_REQUIRED
+    if code == _FAILED_PRECONDITION and "authentication is not enabled" in text:
+        return Trouble.AUTH_DISABLED
+    if code == _PERMISSION_DENIED:
+        return Trouble.PERMISSION
+    if "space exceeded" in text or (code == _RESOURCE_EXHAUSTED and "space" in text):
+        return Trouble.NO_SPACE
+    return Trouble.OTHER
+
+
+def server_error(status: int, body: bytes) -> ServerError:
+    """Classify a non-200 answer of the gateway (or an in-band stream error)."""
+    try:
+        data: Any = json.loads(body.decode("utf-8").strip().split("\n", 1)[0])
+    except (ValueError, UnicodeDecodeError):
+        data = None
+    if isinstance(data, dict) and isinstance(data.get("error"), dict):
+        data = data["error"]  # a streamed error: {"error": {"grpc_code", "message", ...}}
+    if isinstance(data, dict):
+        code = data.get("code", data.get("grpc_code"))
+        message = str(data.get("message") or data.get("error") or f"HTTP {status}")
+        return ServerError(classify(code if isinstance(code, int) else None, message), message)
+    snippet = body[:200].decode("utf-8", "replace").strip()
+    message = f"HTTP {status}" + (f": {snippet}" if snippet else "")
+    if status in (502, 503, 504):
+        return ServerError(Trouble.ELSEWHERE, message)
+    if status == 404:
+        message += " (is this an etcd >= 3.4 client URL? the /v3 gateway answers there)"
+    return ServerError(Trouble.OTHER, message)

@@ -1,0 +1,582 @@
+"""What only the etcd backend does: several members and failover, leases of whole seconds,
+round trips, watches, authentication and TLS.
+
+The contract suite (tests/_async, tests/_sync) and the fault tests already run
+over `etcd` and `etcd-cluster`; these tests cover what they cannot see.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import ssl
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import corral
+import corral.aio
+from corral._sync.backends.etcd import EtcdBackend
+from corral.backends import etcd_api as api
+from corral.core.primitives import Outcome
+from corral.errors import BackendError, BackendUnavailable, ConfigError, LockExpired
+from corral.testing import servers
+from tests.conftest import server_missing
+
+# -- no server --------------------------------------------------------------------
+
+
+def test_url_lists_every_member_with_default_ports() -> None:
+    options = api.parse_url("etcd://a:1,b,[::1]:3", {})
+    assert options.endpoints == ("http://a:1", "http://b:2379", "http://[::1]:3")
+    assert options.server == "etcd://a:1,b:2379,[::1]:3"
+    assert options.timeout == api.DEFAULT_TIMEOUT and options.prefix == "corral"
+    tls = api.parse_url("etcds://a?timeout=2&ca_file=/ca.pem", {"prefix": "app"})
+    assert tls.endpoints == ("https://a:2379",) and tls.tls
+    assert tls.timeout == 2.0 and tls.ca_file == "/ca.pem" and tls.prefix == "app"
+
+
+@pytest.mark.parametrize(
+    ("url", "options", "match"),
+    [
+        ("etcd://a:1", {"colour": "red", "size": 1}, "colour, size"),
+        ("etcd://a:1?colour=red", {}, "colour"),
+        ("etcd://a:1", {"ca_file": "/ca.pem"}, "etcds://"),
+        ("etcds://a:1", {"cert_file": "/c.pem"}, "key_file"),
+        ("etcd://a:1", {"timeout": 0}, "timeout"),
+        ("etcd://a:1?timeout=soon", {}, "timeout"),
+        ("etcd://a:1?timeout=2", {"timeout": 3}, "twice"),
+        ("etcd://a:99999", {}, "port"),
+        ("etcd://", {}, "member"),
+        ("etcd://a:1/locks", {}, "prefix="),
+        ("etcd://::1", {}, "brackets"),
+        ("etcd://a:1", {"prefix": ""}, "prefix"),
+    ],
+)
+def test_bad_urls_and_options(url: str, options: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        corral.connect(url, **options)
+
+
+def test_credentials_never_appear(unused_port: int) -> None:
+    url = f"etcd://alice:s3cret@127.0.0.1:{unused_port},127.0.0.1:{unused_port}"
+    with pytest.raises(ConfigError) as bad:
+        corral.connect(url + "?bogus=1")
+    assert "s3cret" not in str(bad.value)
+    with corral.connect(url, timeout=0.5) as store:
+        assert "s3cret" not in store.server and "s3cret" not in repr(store)
+        assert "s3cret" not in repr(store.lock("x"))
+        assert store.server == f"etcd://alice:***@127.0.0.1:{unused_port},127.0.0.1:{unused_port}"
+        with pytest.raises(BackendUnavailable) as down:
+            store.lock("x").acquire()
+        assert "s3cret" not in str(down.value) and "'x'" in str(down.value)
+        assert f"127.0.0.1:{unused_port}" in str(down.value)
+
+
+def test_lease_seconds_round_up() -> None:
+    assert [api.lease_seconds(t) for t in (0.001, 0.3, 1.0, 1.0000001, 2.5, 30.0)] == [
+        1,
+        1,
+        1,
+        1,
+        3,
+        30,
+    ]
+
+
+def test_each_lock_has_its_own_prefix() -> None:
+    plain, nested = api.lock_keys("corral", "a"), api.lock_keys("corral", "a/b")
+    assert not nested.scope.startswith(plain.scope)
+    assert plain.holder.startswith(plain.scope) and plain.queue.startswith(plain.scope)
+    assert api.lock_keys("corral", "%2F").scope != api.lock_keys("corral", "/").scope
+    assert api.prefix_end(b"a/") == b"a0" and api.prefix_end(b"a\xff") == b"b"
+
+
+def test_capabilities_are_declared() -> None:
+    caps = EtcdBackend.capabilities
+    assert (caps.linearizable, caps.cross_host, caps.notifies, caps.fair) == (True,) * 4
+    assert not caps.replicas
+
+
+def test_tries_share_the_timeout_between_members() -> None:
+    now = [100.0]
+    endpoints = api.Endpoints(["http://a", "http://b", "http://c"], ["a", "b", "c"])
+    tries = api.Tries(endpoints, 3.0, 103.0, lambda: now[0])
+    first = tries.next()
+    assert first is not None and (first.index, first.within, first.pause) == (0, 1.0, 0.0)
+    now[0] += 1.0
+    tries.failed(0, api.Failure.SLOW, " did not answer")
+    second = tries.next()
+    assert second is not None and second.index == 1 and endpoints.order()[0] == 1
+    tries.failed(1, api.Failure.BUSY, ": no leader")
+    third = tries.next()
+    assert third is not None and third.index == 2
+    tries.failed(2, api.Failure.BUSY, ": no leader")
+    # Another round while time is left, the slow member last.
+    again = [tries.next() for _ in range(3)]
+    assert [t.index for t in again if t is not None] == [1, 2, 0]
+    now[0] = 103.0
+    assert tries.next() is None
+    assert tries.problems[:2] == ["a did not answer", "b: no leader"]
+
+
+def test_tries_give_up_at_once_when_every_member_is_down() -> None:
+    endpoints = api.Endpoints(["http://a", "http://b"], ["a", "b"])
+    tries = api.Tries(endpoints, 5.0, 1e9, lambda: 0.0)
+    for _ in range(2):
+        chosen = tries.next()
+        assert chosen is not None
+        tries.failed(chosen.index, api.Failure.DOWN, ": refused")
+    assert tries.next() is None
+    busy = api.Tries(endpoints, 5.0, 1e9, lambda: 0.0)
+    for _ in range(2):
+        chosen = busy.next()
+        assert chosen is not None
+        busy.failed(chosen.index, api.Failure.BUSY, ": no leader")
+    chosen = busy.next()
+    assert chosen is not None and chosen.pause == api.ROUND_PAUSE  # an election: pause
+
+
+def test_errors_are_classified() -> None:
+    def trouble(status: int, body: object) -> api.Trouble:
+        return api.server_error(status, json.dumps(body).encode()).trouble
+
+    no_leader = {"error": "etcdserver: no leader", "message": "etcdserver: no leader", "code": 14}
+    assert trouble(503, no_leader) is api.Trouble.ELSEWHERE
+    closing = {"error": {"grpc_code": 1, "message": "grpc: the client connection is closing"}}
+    assert trouble(200, closing) is api.Trouble.ELSEWHERE
+    gone = {"message": "etcdserver: requested lease not found", "code": 5}
+    assert trouble(404, gone) is api.Trouble.LEASE_NOT_FOUND
+    token = {"message": "etcdserver: invalid auth token", "code": 16}
+    assert trouble(401, token) is api.Trouble.BAD_TOKEN
+    assert api.server_error(502, b"<html>").trouble is api.Trouble.ELSEWHERE
+
+
+# -- one member -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.EtcdServer]:
+    try:
+        server = servers.start_etcd(tmp_path_factory.mktemp("etcd-single"))
+    except servers.ServerUnavailable as exc:
+        server_missing(str(exc))
+        raise
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def unused_port() -> int:
+    return servers.free_port()
+
+
+@pytest.fixture
+def store(single: servers.EtcdServer) -> Iterator[corral.Store]:
+    with corral.connect(single.url) as opened:
+        yield opened
+
+
+def backend_of(store: corral.Store) -> EtcdBackend:
+    backend = store.backend
+    assert isinstance(backend, EtcdBackend)
+    return backend
+
+
+@pytest.fixture
+def requests(store: corral.Store, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The path of every request the store's backend sends, in order."""
+    backend = backend_of(store)
+    sent: list[str] = []
+    original = backend._post
+
+    def counting(path: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        sent.append(path)
+        return original(path, *args, **kwargs)
+
+    monkeypatch.setattr(backend, "_post", counting)
+    return sent
+
+
+def test_round_trips(store: corral.Store, requests: list[str], name: str) -> None:
+    lock = store.lock(name, ttl=10)
+    assert lock.acquire()
+    assert requests == ["/v3/lease/grant", "/v3/kv/txn"]
+    requests.clear()
+    lock.extend()
+    assert requests == ["/v3/lease/keepalive"]
+    requests.clear()
+    lock.release()
+    assert requests == ["/v3/lease/revoke"]  # an uncontended cycle: 3 round trips
+    requests.clear()
+    assert store.lock_info(name) is None
+    assert requests == ["/v3/kv/range"]
+
+
+def test_a_waiter_reuses_its_lease(
+    store: corral.Store, single: servers.EtcdServer, requests: list[str], name: str
+) -> None:
+    with corral.connect(single.url) as other:
+        holder = other.lock(name, ttl=30)
+        assert holder.acquire()
+        waiter = store.lock(name, ttl=30)
+        job = threading.Thread(target=waiter.acquire, args=(20,))
+        job.start()
+        time.sleep(2.5)  # two re-checks, a second apart
+        holder.release()
+        job.join(20)
+        assert waiter.held
+        waiter.release()
+    # One lease for every attempt, kept alive when it finally won; no polling: a few
+    # attempts (first, after the watch, a re-check a second, the wake-up), not hundreds.
+    assert requests.count("/v3/lease/grant") == 1
+    assert requests.count("/v3/lease/keepalive") == 1
+    assert 3 <= requests.count("/v3/kv/txn") <= 8
+
+
+def test_tokens_are_revisions_increasing_across_names(store: corral.Store, name: str) -> None:
+    tokens = []
+    for lock_name in (name, name + "-b", name, name + "-c"):
+        lock = store.lock(lock_name, ttl=10)
+        assert lock.acquire()
+        assert lock.token is not None
+        tokens.append(lock.token)
+        lock.release()
+    assert tokens == sorted(tokens) and len(set(tokens)) == 4
+
+
+def test_a_sub_second_lock_ends_at_its_ttl_while_its_holder_lives(
+    store: corral.Store, single: servers.EtcdServer, name: str
+) -> None:
+    lock = store.lock(name, ttl=0.3)
+    assert lock.acquire()
+    info = store.lock_info(name)
+    assert info is not None and info.ttl <= 0.3
+    with corral.connect(single.url) as other:
+        began = time.monotonic()
+        assert other.lock(name, ttl=10).acquire(wait=5)
+        assert time.monotonic() - began < 1.5  # not the server's 2 s minimum lease
+    with pytest.raises(corral.LockLost):
+        lock.release()
+
+
+def test_a_frozen_holder_keeps_a_sub_second_lock_for_the_server_lease(
+    store: corral.Store, single: servers.EtcdServer, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A holder that cannot end its lease itself (frozen, crashed) keeps the lock until the
+    # server's lease runs out: the TTL rounded up, at least the cluster's minimum (2 s).
+    monkeypatch.setattr(backend_of(store), "_end_early", lambda lease, name: None)
+    lock = store.lock(name, ttl=0.3)
+    assert lock.acquire()
+    taken = time.monotonic()
+    with corral.connect(single.url) as other:
+        contender = other.lock(name, ttl=10)
+        time.sleep(0.6)
+        assert not contender.acquire()
+        assert contender.acquire(wait=10)
+        assert time.monotonic() - taken > 1.0
+        contender.release()
+    with pytest.raises(LockExpired):
+        lock.release()
+
+
+def test_extend_to_another_ttl_keeps_the_token(store: corral.Store, name: str) -> None:
+    lock = store.lock(name, ttl=10)
+    assert lock.acquire()
+    token = lock.token
+    lock.extend(ttl=40)
+    info = store.lock_info(name)
+    assert info is not None and 30 < info.ttl <= 40 and info.token == token
+    lock.extend(ttl=5)
+    info = store.lock_info(name)
+    assert info is not None and info.ttl <= 5 and info.token == token
+    lock.release()
+
+
+def test_force_release_tells_the_holder(
+    store: corral.Store, single: servers.EtcdServer, name: str
+) -> None:
+    lock = store.lock(name, ttl=10)
+    assert lock.acquire()
+    with corral.connect(single.url) as other:
+        assert other.force_release(name)
+        assert not other.force_release(name)
+    backend = backend_of(store)
+    assert backend.extend(name, lock.owner or "", 10) is Outcome.EXPIRED
+    with pytest.raises(LockExpired):
+        lock.release()
+
+
+def test_the_watch_is_confirmed_before_the_waiter_returns(
+    store: corral.Store, single: servers.EtcdServer, name: str
+) -> None:
+    with corral.connect(single.url) as other:
+        holder = other.lock(name, ttl=30)
+        assert holder.acquire()
+        with backend_of(store).waiter(name) as waiter:
+            holder.release()  # from another store: only the watch can tell this one
+            began = time.monotonic()
+            assert waiter.wait(10)
+            assert time.monotonic() - began < 2
+
+
+def test_a_dead_fair_waiter_cannot_stall_the_queue(
+    store: corral.Store, single: servers.EtcdServer, name: str
+) -> None:
+    holder = store.lock(name, ttl=30, fair=True)
+    assert holder.acquire()
+    with corral.connect(single.url) as other:
+        # A waiter that queued once and then died: its place lapses with its short lease.
+        dead = backend_of(other).try_acquire(name, "dead-owner", 30, queue_ttl=1)
+        assert not dead.acquired
+        patient = store.lock(name, ttl=30, fair=True)
+        job = threading.Thread(target=patient.acquire, args=(20,))
+        job.start()
+        time.sleep(0.3)
+        holder.release()
+        job.join(20)
+        assert patient.held
+        patient.release()
+
+
+def test_forked_child_uses_its_own_connections(store: corral.Store, name: str) -> None:
+    lock = store.lock(name, ttl=10)
+    assert lock.acquire()
+    lock.release()  # the parent has connections (and maybe a worker) by now
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            child = store.lock(name + "-child", ttl=10)
+            if not child.acquire(wait=5):
+                code = 3
+            child.release()
+        except BaseException:
+            code = 4
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert lock.acquire()  # the parent's connections were left alone
+    lock.release()
+
+
+# -- a three-member cluster ------------------------------------------------------------
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[servers.EtcdCluster]:
+    try:
+        started = servers.start_etcd_cluster(tmp_path)
+    except servers.ServerUnavailable as exc:
+        server_missing(str(exc))
+        raise
+    yield started
+    for member in started.members:
+        # One at a time: stopped together, each member waits 7 s to hand over leadership.
+        if member.is_running:
+            member.resume()
+        member.stop()
+
+
+def stop_current(backend: Any, cluster: servers.EtcdCluster) -> int:
+    index: int = backend.endpoints.order()[0]
+    cluster.members[index].stop()
+    return index
+
+
+def test_the_lock_keeps_working_when_its_member_stops(
+    cluster: servers.EtcdCluster, name: str
+) -> None:
+    with corral.connect(cluster.url) as store, corral.connect(cluster.url) as other:
+        holder = store.lock(name, ttl=30)
+        assert holder.acquire()
+        token = holder.token
+        assert token is not None
+        waiter = other.lock(name, ttl=30)
+        outcome: list[bool] = []
+        job = threading.Thread(target=lambda: outcome.append(waiter.acquire(wait=30)))
+        job.start()
+        time.sleep(0.5)  # the waiter watches through the member both clients talk to
+        stopped = stop_current(store.backend, cluster)
+        assert backend_of(store).endpoints.order()[0] == stopped  # nobody noticed yet
+        holder.release()  # through another member; the waiter's watch moves there too
+        job.join(30)
+        assert outcome == [True] and waiter.token is not None and waiter.token > token
+        waiter.extend()
+        info = store.lock_info(name)
+        assert info is not None and info.owner == waiter.owner
+        waiter.release()
+        assert store.backend.endpoints.order()[0] != stopped
+        again = store.lock(name, ttl=30)
+        assert again.acquire()
+        again.release()
+
+
+def test_the_lock_keeps_working_when_its_member_stops_async(
+    cluster: servers.EtcdCluster, name: str
+) -> None:
+    async def scenario() -> None:
+        async with corral.aio.connect(cluster.url) as store:
+            holder = store.lock(name, ttl=30)
+            assert await holder.acquire()
+            waiter = store.lock(name, ttl=30)
+            task = asyncio.create_task(waiter.acquire(wait=30))
+            await asyncio.sleep(0.5)
+            await asyncio.to_thread(stop_current, store.backend, cluster)
+            await holder.release()
+            assert await asyncio.wait_for(task, 30)
+            await waiter.release()
+            assert await store.lock(name, ttl=30).acquire(wait=5)
+
+    asyncio.run(scenario())
+
+
+def test_a_member_paused_mid_wait_is_replaced(cluster: servers.EtcdCluster, name: str) -> None:
+    # A frozen member answers nothing and its watch streams go silent: calls move on
+    # after their share of the timeout, and the waiter watches through another member.
+    with corral.connect(cluster.url) as store:
+        holder = store.lock(name, ttl=30)
+        assert holder.acquire()
+        waiter = store.lock(name, ttl=30)
+        outcome: list[bool] = []
+        job = threading.Thread(target=lambda: outcome.append(waiter.acquire(wait=30)))
+        job.start()
+        time.sleep(0.5)
+        index = backend_of(store).endpoints.order()[0]
+        cluster.members[index].pause()
+        holder.release()
+        job.join(30)
+        assert outcome == [True]
+        waiter.release()
+
+
+def test_losing_the_majority_refuses_rather_than_grants(
+    cluster: servers.EtcdCluster, name: str
+) -> None:
+    with corral.connect(cluster.url, timeout=1.5) as store:
+        lock = store.lock(name, ttl=30)
+        assert lock.acquire()
+        lock.release()
+        for member in cluster.members[1:]:
+            member.pause()
+        time.sleep(3)  # the remaining member notices it has no leader
+        began = time.monotonic()
+        with pytest.raises(BackendUnavailable, match="majority"):
+            lock.acquire()
+        assert time.monotonic() - began < 4
+        for member in cluster.members[1:]:
+            member.resume()
+        for _ in range(40):  # until the members have elected a leader again
+            try:
+                assert lock.acquire(wait=5)
+                break
+            except BackendUnavailable:
+                time.sleep(0.5)
+        lock.release()
+
+
+# -- authentication and TLS ------------------------------------------------------------
+
+
+def post(url: str, path: str, body: dict[str, Any], token: str | None = None) -> Any:
+    request = urllib.request.Request(
+        url + path,
+        data=json.dumps(body).encode(),
+        headers={"Authorization": token} if token else {},
+        method="POST",
+    )
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def test_users_and_token_renewal(tmp_path: Path, name: str) -> None:
+    server = servers.start_etcd(tmp_path)
+    try:
+        base = server.client_url
+        post(base, "/v3/auth/user/add", {"name": "root", "password": "pw"})
+        post(base, "/v3/auth/role/add", {"name": "root"})
+        post(base, "/v3/auth/user/grant", {"user": "root", "role": "root"})
+        post(base, "/v3/auth/enable", {})
+        host = f"{server.host}:{server.port}"
+        with corral.connect(f"etcd://root:pw@{host}") as store:
+            lock = store.lock(name, ttl=10)
+            assert lock.acquire()
+            # Simple tokens expire after idle minutes: a stale one is renewed once.
+            state = backend_of(store)._process
+            assert state is not None and state.token
+            state.token = "stale"
+            lock.extend()
+            lock.release()
+        with corral.connect(f"etcd://root:wrong@{host}") as store:
+            with pytest.raises(BackendError, match="user and password") as refused:
+                store.lock(name).acquire()
+            assert "wrong" not in str(refused.value)
+        with corral.connect(f"etcd://{host}") as store, pytest.raises(BackendError, match="user"):
+            store.lock(name).acquire()
+    finally:
+        server.stop()
+
+
+class TLSEtcd(servers.EtcdServer):
+    """One member serving clients over TLS, requiring a client certificate."""
+
+    def __init__(self, workdir: Path, files: tuple[Path, Path, Path]) -> None:
+        port, peer_port = servers.free_port(), servers.free_port()
+        super().__init__(workdir, port, peer_port=peer_port)
+        self.ca_file, self.cert_file, self.key_file = files
+
+    @property
+    def url(self) -> str:
+        return f"etcds://{self.host}:{self.port}"
+
+    @property
+    def client_url(self) -> str:
+        return f"https://{self.host}:{self.port}"
+
+    def _command(self) -> list[str]:
+        return [
+            *super()._command(),
+            "--cert-file", str(self.cert_file),
+            "--key-file", str(self.key_file),
+            "--trusted-ca-file", str(self.ca_file),
+            "--client-cert-auth",
+        ]  # fmt: skip
+
+    def _probe(self) -> bool:
+        context = ssl.create_default_context(cafile=str(self.ca_file))
+        context.load_cert_chain(str(self.cert_file), str(self.key_file))
+        try:
+            with urllib.request.urlopen(f"{self.client_url}/health", timeout=1, context=context):
+                return True
+        except OSError:
+            return False
+
+
+def test_tls_with_a_client_certificate(tmp_path: Path, name: str) -> None:
+    try:
+        ca_file, _, cert_file, key_file = servers._make_tls_files(tmp_path)
+    except servers.ServerError as exc:
+        pytest.skip(f"cannot make certificates: {exc}")
+    server = TLSEtcd(tmp_path / "etcd", (ca_file, cert_file, key_file))
+    (tmp_path / "etcd").mkdir()
+    server.start()
+    try:
+        files = {"ca_file": str(ca_file), "cert_file": str(cert_file), "key_file": str(key_file)}
+        with corral.connect(server.url, **files) as store:
+            lock = store.lock(name, ttl=10)
+            assert lock.acquire()
+            info = store.lock_info(name)
+            assert info is not None and info.owner == lock.owner
+            lock.release()
+        without_certificate = corral.connect(server.url, ca_file=str(ca_file), timeout=2)
+        with without_certificate as store, pytest.raises(BackendUnavailable):
+            store.lock(name).acquire()
+    finally:
+        server.stop()
