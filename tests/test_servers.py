@@ -25,7 +25,6 @@ import httpx
 import psycopg
 import pytest
 import redis
-from pymemcache.client.base import Client as MemcacheClient
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -301,11 +300,19 @@ def test_memcached_answers_and_stops(tmp_path: Path) -> None:
     server = _started(lambda: start_memcached(tmp_path, memory_mb=16))
     try:
         assert server.url == f"memcached://127.0.0.1:{server.port}"
-        client = MemcacheClient((server.host, server.port), connect_timeout=2, timeout=2)
-        assert client.set("k", b"v", noreply=False)
-        assert client.get("k") == b"v"
-        assert client.stats()[b"limit_maxbytes"] == 16 * 1024 * 1024
-        client.close()
+        with socket.create_connection((server.host, server.port), timeout=2) as sock:
+            talk = sock.makefile("rwb")
+            talk.write(b"set k 0 0 1\r\nv\r\nget k\r\nstats\r\n")
+            talk.flush()
+            assert talk.readline() == b"STORED\r\n"
+            assert talk.readline().startswith(b"VALUE k 0 1")
+            assert talk.readline() == b"v\r\n"
+            assert talk.readline() == b"END\r\n"
+            stats = {}
+            while (line := talk.readline()) != b"END\r\n":
+                _, key, value = line.decode().split()
+                stats[key] = value
+            assert stats["limit_maxbytes"] == str(16 * 1024 * 1024)
     finally:
         pid = server.pid
         server.stop()
