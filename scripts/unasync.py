@@ -12,7 +12,9 @@ formatted with ruff so they are linted like the rest.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -58,9 +60,23 @@ def unasync_text(text: str) -> str:
     return text
 
 
+def ruff_command() -> list[str]:
+    """ruff from this interpreter, else the project's .venv, else PATH: the check must not
+    depend on which python runs it."""
+    if importlib.util.find_spec("ruff") is not None:
+        return [sys.executable, "-m", "ruff"]
+    for candidate in (ROOT / ".venv/bin/ruff", shutil.which("ruff")):
+        if candidate and Path(candidate).exists():
+            return [str(candidate)]
+    raise SystemExit(
+        "scripts/unasync.py formats generated code with ruff, which is not installed here: "
+        "run ./scripts/test once (it installs corral[dev] into .venv), or pip install ruff"
+    )
+
+
 def ruff(args: list[str], text: str, filename: str) -> str:
     result = subprocess.run(
-        [sys.executable, "-m", "ruff", *args, "--stdin-filename", filename, "-"],
+        [*ruff_command(), *args, "--stdin-filename", filename, "-"],
         input=text,
         capture_output=True,
         text=True,
