@@ -81,18 +81,19 @@ def store(backend_url: str) -> Iterator[corral.Store]:
 def test_killed_holder_frees_the_lock_after_its_ttl_not_before(
     backend_url: str, store: corral.Store, name: str, holders: list[Holder], flavour: str
 ) -> None:
-    holder = Holder(backend_url, name, "hold", "--ttl", "2", "--flavour", flavour)
+    holder = Holder(backend_url, name, "hold", "--ttl", "5", "--flavour", flavour)
     holders.append(holder)
     token = holder.line()["token"]
     os.kill(holder.proc.pid, signal.SIGKILL)
     holder.proc.wait()
-    killed_at = time.monotonic()
     lock = store.lock(name, ttl=10)
     assert not lock.acquire(), "a SIGKILLed holder's lock was free before its TTL"
     info = store.lock_info(name)
     assert info is not None and info.token == token
-    assert lock.acquire(wait=10)
-    assert time.monotonic() - killed_at > 1.0  # it became free only when the TTL ran out
+    time.sleep(1.0)
+    info = store.lock_info(name)
+    assert info is not None and info.token == token, "freed before its TTL ran out"
+    assert lock.acquire(wait=15)
     assert lock.token is not None and lock.token > token
     lock.release()
 
@@ -159,8 +160,8 @@ def wait_on_dead_server(url: str, name: str, flavour: str, fault: Callable[[], N
             thread.start()
             time.sleep(0.5)
             assert thread.is_alive()
-            began = time.monotonic()
             fault()
+            began = time.monotonic()
             thread.join(60)
             assert not thread.is_alive(), "the waiter hung on a dead server"
             elapsed = time.monotonic() - began
@@ -175,8 +176,8 @@ def wait_on_dead_server(url: str, name: str, flavour: str, fault: Callable[[], N
             task = asyncio.create_task(store.lock(name, ttl=60).acquire(wait=None))
             await asyncio.sleep(0.5)
             assert not task.done()
-            began = time.monotonic()
             await asyncio.to_thread(fault)
+            began = time.monotonic()
             with pytest.raises(corral.BackendUnavailable):
                 await asyncio.wait_for(task, 60)
             return time.monotonic() - began
@@ -195,8 +196,9 @@ def test_server_lost_while_waiting_fails_within_the_timeout(
         elapsed = wait_on_dead_server(server.url, name, flavour, getattr(server, fault))
     finally:
         server.stop()
-    # Within the configured timeout of the first attempt after the fault, plus the
-    # at-most-one-second re-check a waiter makes; generous, since the point is "no hang".
+    # SPEC: BackendUnavailable "within the configured timeout, never a hang". A waiter
+    # re-checks at least every second, then fails within one timeout; the margin is
+    # wide, since what this catches is a hang or a timeout multiplied by retries.
     assert elapsed < 5 * TIMEOUT + 2
 
 
