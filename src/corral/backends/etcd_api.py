@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 from urllib.parse import parse_qsl, quote, unquote
 
-from corral.core.validate import check_ttl
+from corral.core.validate import check_timeout
 from corral.errors import ConfigError
 
 __all__ = [
@@ -140,20 +140,6 @@ def _host(text: str, url: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
-def _timeout(value: object, url: str) -> float:
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            raise ConfigError(
-                f"{redact(url)}: timeout must be a number of seconds, not {value!r}"
-            ) from None
-    try:
-        return check_ttl(value, "timeout")
-    except ConfigError as exc:
-        raise ConfigError(f"{redact(url)}: {exc}") from None
-
-
 def parse_url(url: str, options: Mapping[str, object]) -> EtcdOptions:
     """`etcd://[user:password@]h1[:2379][,h2[:2379]...][?option=value...]`, or `etcds://` for TLS.
 
@@ -225,7 +211,7 @@ def parse_url(url: str, options: Mapping[str, object]) -> EtcdOptions:
         username=username,
         password=password,
         prefix=prefix.rstrip("/") or prefix,
-        timeout=_timeout(given.get("timeout", DEFAULT_TIMEOUT), url),
+        timeout=check_timeout(given.get("timeout", DEFAULT_TIMEOUT), redact(url)),
         ca_file=tls.get("ca_file"),
         cert_file=tls.get("cert_file"),
         key_file=tls.get("key_file"),

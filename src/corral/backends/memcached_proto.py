@@ -132,6 +132,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from corral.backends.registry import redact
 from corral.core.primitives import Attempt, LockInfo, Outcome
+from corral.core.validate import check_timeout
 from corral.errors import BackendError, BackendUnavailable, ConfigError
 
 __all__ = [
@@ -459,7 +460,7 @@ def parse_url(url: str, options: Mapping[str, object]) -> MemcachedOptions:
             host=host,
             port=port if port is not None else DEFAULT_PORT,
             prefix=check_prefix(given.get("prefix", DEFAULT_PREFIX)),
-            timeout=_timeout(given.get("timeout", DEFAULT_TIMEOUT)),
+            timeout=check_timeout(given.get("timeout", DEFAULT_TIMEOUT)),
             max_connections=_max_connections(given.get("max_connections")),
             tls_context=_tls_context(given),
             username=username,
@@ -467,20 +468,6 @@ def parse_url(url: str, options: Mapping[str, object]) -> MemcachedOptions:
         )
     except ConfigError as exc:
         raise ConfigError(f"{shown}: {exc}") from None
-
-
-def _timeout(value: object) -> float:
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            raise ConfigError(f"timeout must be a number of seconds, got {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"timeout must be a number of seconds, got {value!r}")
-    seconds = float(value)
-    if not seconds > 0 or math.isinf(seconds):
-        raise ConfigError(f"timeout must be > 0 and finite, got {value!r}")
-    return seconds
 
 
 def _max_connections(value: object) -> int | None:

@@ -88,6 +88,7 @@ from dataclasses import dataclass
 from urllib.parse import parse_qsl, quote, urlencode
 
 from corral.backends.registry import redact
+from corral.core.validate import check_timeout
 from corral.errors import ConfigError
 
 __all__ = [
@@ -185,7 +186,7 @@ def parse_url(url: str, options: Mapping[str, object]) -> PostgresOptions:
     except PsycopgError as exc:
         raise ConfigError(f"{shown}: not a valid PostgreSQL URL ({exc})") from None
 
-    timeout = _number(given.pop("timeout", DEFAULT_TIMEOUT), "timeout", shown)
+    timeout = check_timeout(given.pop("timeout", DEFAULT_TIMEOUT), shown)
     schema = _identifier(given.pop("schema", DEFAULT_SCHEMA), "schema", _MAX_SCHEMA, shown)
     prefix = _identifier(
         given.pop("table_prefix", DEFAULT_TABLE_PREFIX), "table_prefix", _MAX_PREFIX, shown
@@ -229,22 +230,6 @@ def _server(scheme: str, params: Mapping[str, object]) -> str:
     if socket_dirs:
         where += f"?host={','.join(socket_dirs)}"
     return where
-
-
-def _number(value: object, what: str, shown: str) -> float:
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            raise ConfigError(
-                f"{shown}: {what} must be a number of seconds, not {value!r}"
-            ) from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{shown}: {what} must be a number of seconds, not {value!r}")
-    seconds = float(value)
-    if not seconds > 0 or math.isinf(seconds):
-        raise ConfigError(f"{shown}: {what} must be > 0 and finite, got {value!r}")
-    return seconds
 
 
 def _count(value: object, what: str, shown: str) -> int:

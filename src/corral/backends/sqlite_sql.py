@@ -63,7 +63,7 @@ from typing import TypeVar
 from urllib.parse import parse_qsl
 
 from corral.core.primitives import Attempt, LockInfo, Outcome
-from corral.core.validate import check_ttl
+from corral.core.validate import check_timeout
 from corral.errors import BackendError, BackendUnavailable, ConfigError
 
 __all__ = [
@@ -134,18 +134,7 @@ def parse_url(url: str, options: Mapping[str, object]) -> SQLiteOptions:
     if os.path.isdir(absolute):
         raise ConfigError(f"{url}: {absolute} is a directory; name a file inside it")
 
-    timeout = given.pop("timeout", DEFAULT_TIMEOUT)
-    if isinstance(timeout, str):
-        try:
-            timeout = float(timeout)
-        except ValueError:
-            raise ConfigError(
-                f"{url}: timeout must be a number of seconds, not {timeout!r}"
-            ) from None
-    try:
-        seconds = check_ttl(timeout, "timeout")
-    except ConfigError as exc:
-        raise ConfigError(f"{url}: {exc}") from None
+    seconds = check_timeout(given.pop("timeout", DEFAULT_TIMEOUT), url)
     prefix = given.pop("table_prefix", DEFAULT_TABLE_PREFIX)
     if not isinstance(prefix, str) or not _PREFIX_RE.fullmatch(prefix):
         raise ConfigError(

@@ -10,7 +10,7 @@ import math
 
 from corral.errors import ConfigError
 
-__all__ = ["check_name", "check_non_negative", "check_ttl", "check_wait"]
+__all__ = ["check_name", "check_non_negative", "check_timeout", "check_ttl", "check_wait"]
 
 
 def check_name(name: object, what: str = "lock name") -> str:
@@ -54,4 +54,24 @@ def check_non_negative(value: object, what: str) -> float:
     seconds = _number(value, what)
     if seconds < 0 or math.isinf(seconds):
         raise ConfigError(f"{what} must be >= 0 and finite, got {value!r}")
+    return seconds
+
+
+def check_timeout(value: object, where: str = "") -> float:
+    """A backend's `timeout` option: seconds > 0 and finite, given as a number or, from a
+    URL's query string, as text. `where` (the redacted URL) prefixes the message."""
+    prefix = f"{where}: " if where else ""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise ConfigError(
+                f"{prefix}timeout must be a number of seconds, not {value!r}"
+            ) from None
+    try:
+        seconds = _number(value, "timeout")
+    except ConfigError as exc:
+        raise ConfigError(f"{prefix}{exc}") from None
+    if not seconds > 0 or math.isinf(seconds):
+        raise ConfigError(f"{prefix}timeout must be > 0 and finite, got {value!r}")
     return seconds

@@ -52,6 +52,7 @@ from corral.backends.registry import redact
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock
 from corral.core.primitives import Attempt, LockInfo, Outcome
+from corral.core.validate import check_timeout
 from corral.errors import BackendError, BackendUnavailable, ConfigError
 
 __all__ = ["RedisBackend"]
@@ -73,15 +74,6 @@ _OUTCOMES = {1: Outcome.OK, 0: Outcome.EXPIRED, -1: Outcome.LOST}
 def _ms(seconds: float) -> int:
     """Seconds to whole milliseconds, rounded up: Redis takes integers and 0 means "none"."""
     return max(1, math.ceil(round(seconds * 1000, 6)))
-
-
-def _check_timeout(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"timeout must be a number of seconds, got {value!r}")
-    seconds = float(value)
-    if not seconds > 0 or math.isinf(seconds):
-        raise ConfigError(f"timeout must be > 0 and finite, got {value!r}")
-    return seconds
 
 
 def _check_max_connections(value: object) -> int | None:
@@ -408,7 +400,7 @@ class RedisBackend(Backend):
                 f"{redact(url)}: {', '.join(sorted(ssl))} need(s) a rediss:// URL (TLS)"
             )
         prefix = scripts.check_prefix(options.get("prefix", scripts.DEFAULT_PREFIX))
-        timeout = _check_timeout(options.get("timeout", DEFAULT_TIMEOUT))
+        timeout = check_timeout(options.get("timeout", DEFAULT_TIMEOUT), redact(url))
         max_connections = _check_max_connections(options.get("max_connections"))
         common: dict[str, Any] = {
             "socket_timeout": timeout,
