@@ -11,14 +11,14 @@ from __future__ import annotations
 import abc
 import threading
 from types import TracebackType
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 from corral._async._compat import Event
 from corral.core.capabilities import Capabilities
 from corral.core.primitives import Attempt, LockInfo, Outcome
-from corral.errors import ConfigError
+from corral.errors import BackendError, ConfigError
 
-__all__ = ["AsyncBackend", "AsyncWaiter", "LocalBus"]
+__all__ = ["AsyncBackend", "AsyncSubscribingWaiter", "AsyncWaiter", "Feed", "LocalBus"]
 
 
 class AsyncWaiter:
@@ -59,6 +59,73 @@ class AsyncWaiter:
         woken = await self._event.wait(timeout)
         self._event.clear()
         return woken
+
+
+class Feed(Protocol):
+    """A backend's shared source of release notifications (a pub/sub, watch or LISTEN)."""
+
+    @property
+    def usable(self) -> bool: ...
+
+
+class AsyncSubscribingWaiter(AsyncWaiter):
+    """A waiter that also hears other processes' releases through a backend's feed.
+
+    Subclasses say how to join and leave a feed; this class keeps the one rule
+    that makes wake-ups lossless: entering returns only once the feed confirmed
+    the subscription, and when a feed has failed, the next `wait` joins a new one
+    and reports a wake-up, so the caller re-attempts only after the new
+    subscription is in force and no release falls in between unheard.
+    """
+
+    def __init__(self, bus: LocalBus, name: str) -> None:
+        super().__init__(bus, name)
+        self._feed: Feed | None = None
+
+    async def _join(self) -> Feed:
+        """Subscribe this waiter's event to the lock's releases; return once confirmed."""
+        raise NotImplementedError
+
+    async def _leave(self, feed: Feed) -> None:
+        """Undo one `_join` on `feed`."""
+        raise NotImplementedError
+
+    async def __aenter__(self) -> AsyncSubscribingWaiter:
+        await super().__aenter__()
+        try:
+            self._feed = await self._join()
+        except BaseException:
+            await super().__aexit__(None, None, None)
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        feed, self._feed = self._feed, None
+        try:
+            if feed is not None:
+                await self._leave(feed)
+        finally:
+            await super().__aexit__(exc_type, exc, tb)
+
+    async def wait(self, timeout: float) -> bool:
+        feed = self._feed
+        if feed is not None and feed.usable:
+            return await super().wait(timeout)
+        self._feed = None
+        if feed is not None:
+            await self._leave(feed)
+        try:
+            self._feed = await self._join()
+        except BackendError:
+            # The next attempt will report the server's state; until then, wait it out.
+            return await super().wait(timeout)
+        self._event.clear()
+        return True
 
 
 class LocalBus:

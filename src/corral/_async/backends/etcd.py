@@ -106,13 +106,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, ClassVar
 
 import httpx
 
 from corral._async._compat import Event, Worker, sleep, spawn
-from corral._async.backends.base import AsyncBackend, AsyncWaiter
+from corral._async.backends.base import AsyncBackend, AsyncSubscribingWaiter, Feed
 from corral.backends import etcd_api as api
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock
@@ -424,54 +423,19 @@ class AsyncWatchFeed:
             await worker.join()
 
 
-class AsyncEtcdWaiter(AsyncWaiter):
-    """Hears this lock's releases and expiries through a watch, and this process's directly.
-
-    If the watch fails, the next `wait` watches again and reports a wake-up,
-    so the caller re-attempts only once the new watch is confirmed.
-    """
+class AsyncEtcdWaiter(AsyncSubscribingWaiter):
+    """Hears this lock's releases and expiries through a watch (etcd announces both)."""
 
     def __init__(self, backend: AsyncEtcdBackend, name: str) -> None:
         super().__init__(backend.local_bus, name)
         self._backend = backend
-        self._feed: AsyncWatchFeed | None = None
 
-    async def __aenter__(self) -> AsyncEtcdWaiter:
-        await super().__aenter__()
-        try:
-            self._feed = await self._backend._subscribe(self._name, self._event)
-        except BaseException:
-            await super().__aexit__(None, None, None)
-            raise
-        return self
+    async def _join(self) -> Feed:
+        return await self._backend._subscribe(self._name, self._event)
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        feed, self._feed = self._feed, None
-        try:
-            if feed is not None:
-                self._backend._unsubscribe(feed, self._event)
-        finally:
-            await super().__aexit__(exc_type, exc, tb)
-
-    async def wait(self, timeout: float) -> bool:
-        feed = self._feed
-        if feed is not None and feed.usable:
-            return await super().wait(timeout)
-        self._feed = None
-        if feed is not None:
-            self._backend._unsubscribe(feed, self._event)
-        try:
-            self._feed = await self._backend._subscribe(self._name, self._event)
-        except BackendError:
-            # The next attempt will report the cluster's state; until then, wait it out.
-            return await super().wait(timeout)
-        self._event.clear()
-        return True
+    async def _leave(self, feed: Feed) -> None:
+        assert isinstance(feed, AsyncWatchFeed)
+        self._backend._unsubscribe(feed, self._event)
 
 
 class AsyncEtcdBackend(AsyncBackend):

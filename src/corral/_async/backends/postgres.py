@@ -48,7 +48,6 @@ import os
 import threading
 import time
 import weakref
-from types import TracebackType
 from typing import Any, ClassVar
 
 import psycopg
@@ -57,7 +56,7 @@ from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from corral._async._compat import Event, Lock, Worker, spawn
-from corral._async.backends.base import AsyncBackend, AsyncWaiter
+from corral._async.backends.base import AsyncBackend, AsyncSubscribingWaiter, Feed
 from corral.backends import postgres_sql as sql
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock
@@ -208,54 +207,20 @@ class AsyncReleaseFeed:
             await worker.join()
 
 
-class AsyncPostgresWaiter(AsyncWaiter):
-    """Hears releases from every process through the backend's feed, and this process's directly.
-
-    If the feed fails, the next `wait` joins a new one and reports a wake-up,
-    so the caller re-attempts only after the new LISTEN is in force: no
-    release falls in between unheard.
-    """
+class AsyncPostgresWaiter(AsyncSubscribingWaiter):
+    """Hears releases from every process through the backend's LISTEN connection."""
 
     def __init__(self, backend: AsyncPostgresBackend, name: str) -> None:
         super().__init__(backend.local_bus, name)
         self._backend = backend
         self._key = sql.notify_key(name)
-        self._feed: AsyncReleaseFeed | None = None
 
-    async def __aenter__(self) -> AsyncPostgresWaiter:
-        await super().__aenter__()
-        try:
-            self._feed = await self._backend._subscribe(self._name, self._key, self._event)
-        except BaseException:
-            await super().__aexit__(None, None, None)
-            raise
-        return self
+    async def _join(self) -> Feed:
+        return await self._backend._subscribe(self._name, self._key, self._event)
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        feed, self._feed = self._feed, None
-        if feed is not None:
-            feed.leave(self._key, self._event)
-        await super().__aexit__(exc_type, exc, tb)
-
-    async def wait(self, timeout: float) -> bool:
-        feed = self._feed
-        if feed is not None and feed.usable:
-            return await super().wait(timeout)
-        self._feed = None
-        if feed is not None:
-            feed.leave(self._key, self._event)
-        try:
-            self._feed = await self._backend._subscribe(self._name, self._key, self._event)
-        except BackendError:
-            # The next attempt will report the server's state; until then, poll.
-            return await super().wait(timeout)
-        self._event.clear()
-        return True
+    async def _leave(self, feed: Feed) -> None:
+        assert isinstance(feed, AsyncReleaseFeed)
+        feed.leave(self._key, self._event)
 
 
 _BACKENDS: weakref.WeakSet[AsyncPostgresBackend] = weakref.WeakSet()

@@ -24,7 +24,6 @@ import math
 import os
 import threading
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, ClassVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -44,7 +43,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from corral._async._compat import Event, Lock, Worker, spawn
-from corral._async.backends.base import AsyncBackend, AsyncWaiter
+from corral._async.backends.base import AsyncBackend, AsyncSubscribingWaiter, Feed
 from corral.backends import redis_scripts as scripts
 from corral.backends.registry import redact
 from corral.core.capabilities import Capabilities
@@ -271,60 +270,20 @@ class AsyncReleaseFeed:
             await self._pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]
 
 
-class AsyncRedisWaiter(AsyncWaiter):
-    """Hears releases from every process through the backend's feed, and this process's directly.
-
-    If the feed fails, the next `wait` subscribes again on a new one and
-    reports a wake-up, so the caller re-attempts only after the new
-    subscription is confirmed: no release falls in between unheard.
-    """
+class AsyncRedisWaiter(AsyncSubscribingWaiter):
+    """Hears releases from every process through the backend's pub/sub feed."""
 
     def __init__(self, backend: AsyncRedisBackend, name: str) -> None:
         super().__init__(backend.local_bus, name)
         self._backend = backend
         self._channel = scripts.lock_keys(backend.prefix, name).channel
-        self._feed: AsyncReleaseFeed | None = None
 
-    async def __aenter__(self) -> AsyncRedisWaiter:
-        await super().__aenter__()
-        try:
-            self._feed = await self._backend._subscribe(
-                self._name, self._channel, self._event, self.owner
-            )
-        except BaseException:
-            await super().__aexit__(None, None, None)
-            raise
-        return self
+    async def _join(self) -> Feed:
+        return await self._backend._subscribe(self._name, self._channel, self._event, self.owner)
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        feed, self._feed = self._feed, None
-        try:
-            if feed is not None:
-                await feed.leave(self._channel, self._event)
-        finally:
-            await super().__aexit__(exc_type, exc, tb)
-
-    async def wait(self, timeout: float) -> bool:
-        feed = self._feed
-        if feed is not None and feed.usable:
-            return await super().wait(timeout)
-        self._feed = None
-        if feed is not None:
-            await feed.leave(self._channel, self._event)
-        try:
-            self._feed = await self._backend._subscribe(
-                self._name, self._channel, self._event, self.owner
-            )
-        except BackendError:
-            # The next attempt will report the server's state; until then, poll.
-            return await super().wait(timeout)
-        self._event.clear()
-        return True
+    async def _leave(self, feed: Feed) -> None:
+        assert isinstance(feed, AsyncReleaseFeed)
+        await feed.leave(self._channel, self._event)
 
 
 class AsyncRedisBackend(AsyncBackend):

@@ -108,13 +108,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, ClassVar
 
 import httpx
 
 from corral._sync._compat import Event, Worker, sleep, spawn
-from corral._sync.backends.base import Backend, Waiter
+from corral._sync.backends.base import Backend, Feed, SubscribingWaiter
 from corral.backends import etcd_api as api
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock
@@ -426,54 +425,19 @@ class WatchFeed:
             worker.join()
 
 
-class EtcdWaiter(Waiter):
-    """Hears this lock's releases and expiries through a watch, and this process's directly.
-
-    If the watch fails, the next `wait` watches again and reports a wake-up,
-    so the caller re-attempts only once the new watch is confirmed.
-    """
+class EtcdWaiter(SubscribingWaiter):
+    """Hears this lock's releases and expiries through a watch (etcd announces both)."""
 
     def __init__(self, backend: EtcdBackend, name: str) -> None:
         super().__init__(backend.local_bus, name)
         self._backend = backend
-        self._feed: WatchFeed | None = None
 
-    def __enter__(self) -> EtcdWaiter:
-        super().__enter__()
-        try:
-            self._feed = self._backend._subscribe(self._name, self._event)
-        except BaseException:
-            super().__exit__(None, None, None)
-            raise
-        return self
+    def _join(self) -> Feed:
+        return self._backend._subscribe(self._name, self._event)
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        feed, self._feed = self._feed, None
-        try:
-            if feed is not None:
-                self._backend._unsubscribe(feed, self._event)
-        finally:
-            super().__exit__(exc_type, exc, tb)
-
-    def wait(self, timeout: float) -> bool:
-        feed = self._feed
-        if feed is not None and feed.usable:
-            return super().wait(timeout)
-        self._feed = None
-        if feed is not None:
-            self._backend._unsubscribe(feed, self._event)
-        try:
-            self._feed = self._backend._subscribe(self._name, self._event)
-        except BackendError:
-            # The next attempt will report the cluster's state; until then, wait it out.
-            return super().wait(timeout)
-        self._event.clear()
-        return True
+    def _leave(self, feed: Feed) -> None:
+        assert isinstance(feed, WatchFeed)
+        self._backend._unsubscribe(feed, self._event)
 
 
 class EtcdBackend(Backend):

@@ -50,7 +50,6 @@ import os
 import threading
 import time
 import weakref
-from types import TracebackType
 from typing import Any, ClassVar
 
 import psycopg
@@ -59,7 +58,7 @@ from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from corral._sync._compat import Event, Lock, Worker, spawn
-from corral._sync.backends.base import Backend, Waiter
+from corral._sync.backends.base import Backend, Feed, SubscribingWaiter
 from corral.backends import postgres_sql as sql
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock
@@ -207,54 +206,20 @@ class ReleaseFeed:
             worker.join()
 
 
-class PostgresWaiter(Waiter):
-    """Hears releases from every process through the backend's feed, and this process's directly.
-
-    If the feed fails, the next `wait` joins a new one and reports a wake-up,
-    so the caller re-attempts only after the new LISTEN is in force: no
-    release falls in between unheard.
-    """
+class PostgresWaiter(SubscribingWaiter):
+    """Hears releases from every process through the backend's LISTEN connection."""
 
     def __init__(self, backend: PostgresBackend, name: str) -> None:
         super().__init__(backend.local_bus, name)
         self._backend = backend
         self._key = sql.notify_key(name)
-        self._feed: ReleaseFeed | None = None
 
-    def __enter__(self) -> PostgresWaiter:
-        super().__enter__()
-        try:
-            self._feed = self._backend._subscribe(self._name, self._key, self._event)
-        except BaseException:
-            super().__exit__(None, None, None)
-            raise
-        return self
+    def _join(self) -> Feed:
+        return self._backend._subscribe(self._name, self._key, self._event)
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        feed, self._feed = self._feed, None
-        if feed is not None:
-            feed.leave(self._key, self._event)
-        super().__exit__(exc_type, exc, tb)
-
-    def wait(self, timeout: float) -> bool:
-        feed = self._feed
-        if feed is not None and feed.usable:
-            return super().wait(timeout)
-        self._feed = None
-        if feed is not None:
-            feed.leave(self._key, self._event)
-        try:
-            self._feed = self._backend._subscribe(self._name, self._key, self._event)
-        except BackendError:
-            # The next attempt will report the server's state; until then, poll.
-            return super().wait(timeout)
-        self._event.clear()
-        return True
+    def _leave(self, feed: Feed) -> None:
+        assert isinstance(feed, ReleaseFeed)
+        feed.leave(self._key, self._event)
 
 
 _BACKENDS: weakref.WeakSet[PostgresBackend] = weakref.WeakSet()

@@ -26,7 +26,6 @@ import math
 import os
 import threading
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, ClassVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -46,7 +45,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from corral._sync._compat import Event, Lock, Worker, spawn
-from corral._sync.backends.base import Backend, Waiter
+from corral._sync.backends.base import Backend, Feed, SubscribingWaiter
 from corral.backends import redis_scripts as scripts
 from corral.backends.registry import redact
 from corral.core.capabilities import Capabilities
@@ -273,60 +272,20 @@ class ReleaseFeed:
             self._pubsub.close()  # type: ignore[no-untyped-call,unused-ignore]
 
 
-class RedisWaiter(Waiter):
-    """Hears releases from every process through the backend's feed, and this process's directly.
-
-    If the feed fails, the next `wait` subscribes again on a new one and
-    reports a wake-up, so the caller re-attempts only after the new
-    subscription is confirmed: no release falls in between unheard.
-    """
+class RedisWaiter(SubscribingWaiter):
+    """Hears releases from every process through the backend's pub/sub feed."""
 
     def __init__(self, backend: RedisBackend, name: str) -> None:
         super().__init__(backend.local_bus, name)
         self._backend = backend
         self._channel = scripts.lock_keys(backend.prefix, name).channel
-        self._feed: ReleaseFeed | None = None
 
-    def __enter__(self) -> RedisWaiter:
-        super().__enter__()
-        try:
-            self._feed = self._backend._subscribe(
-                self._name, self._channel, self._event, self.owner
-            )
-        except BaseException:
-            super().__exit__(None, None, None)
-            raise
-        return self
+    def _join(self) -> Feed:
+        return self._backend._subscribe(self._name, self._channel, self._event, self.owner)
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        feed, self._feed = self._feed, None
-        try:
-            if feed is not None:
-                feed.leave(self._channel, self._event)
-        finally:
-            super().__exit__(exc_type, exc, tb)
-
-    def wait(self, timeout: float) -> bool:
-        feed = self._feed
-        if feed is not None and feed.usable:
-            return super().wait(timeout)
-        self._feed = None
-        if feed is not None:
-            feed.leave(self._channel, self._event)
-        try:
-            self._feed = self._backend._subscribe(
-                self._name, self._channel, self._event, self.owner
-            )
-        except BackendError:
-            # The next attempt will report the server's state; until then, poll.
-            return super().wait(timeout)
-        self._event.clear()
-        return True
+    def _leave(self, feed: Feed) -> None:
+        assert isinstance(feed, ReleaseFeed)
+        feed.leave(self._channel, self._event)
 
 
 class RedisBackend(Backend):
