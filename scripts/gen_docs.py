@@ -14,6 +14,7 @@ import argparse
 import importlib
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,16 +22,30 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from corral.backends.registry import BACKENDS  # noqa: E402
 from corral.core.capabilities import Capabilities  # noqa: E402
+from corral.core.options import Option  # noqa: E402
 
-DOCS = [ROOT / "docs/locks.md"]
+DOCS = [ROOT / "docs/locks.md", ROOT / "docs/connect.md"]
 
 
-def declared() -> list[Capabilities]:
-    seen: dict[str, Capabilities] = {}
+@dataclass(frozen=True)
+class Declared:
+    """What one backend class declares: its capabilities and its connection options."""
+
+    capabilities: Capabilities
+    options: tuple[Option, ...]
+
+    @property
+    def scheme(self) -> str:
+        return self.capabilities.scheme
+
+
+def declared() -> list[Declared]:
+    seen: dict[str, Declared] = {}
     for spec in BACKENDS.values():
         module = importlib.import_module(f"corral._async.backends.{spec.module}")
-        caps: Capabilities = getattr(module, spec.cls).capabilities
-        seen.setdefault(caps.scheme, caps)
+        cls = getattr(module, spec.cls)
+        found = Declared(cls.capabilities, tuple(cls.url_options))
+        seen.setdefault(found.scheme, found)
     return list(seen.values())
 
 
@@ -38,7 +53,8 @@ def yes(flag: bool) -> str:
     return "yes" if flag else "no"
 
 
-def flags_table(backends: list[Capabilities]) -> str:
+def flags_table(declarations: list[Declared]) -> str:
+    backends = [d.capabilities for d in declarations]
     rows = [
         "| backend | wake-ups | across processes | across hosts | linearizable "
         "| `fair=True` | `replicas=N` | TTL enforced by |",
@@ -53,7 +69,8 @@ def flags_table(backends: list[Capabilities]) -> str:
     return "\n".join(rows)
 
 
-def failures_table(backends: list[Capabilities]) -> str:
+def failures_table(declarations: list[Declared]) -> str:
+    backends = [d.capabilities for d in declarations]
     rows = [
         "| backend | a holder crashes | the server restarts | a network partition "
         "| memory pressure |",
@@ -67,10 +84,38 @@ def failures_table(backends: list[Capabilities]) -> str:
     return "\n".join(rows)
 
 
-TABLES = {"flags": flags_table, "failures": failures_table}
+def tokens_table(declarations: list[Declared]) -> str:
+    rows = [
+        "| backend | fencing tokens come from | what stays once a name is released and expired |",
+        "|---|---|---|",
+    ]
+    for d in declarations:
+        c = d.capabilities
+        rows.append(f"| `{c.scheme}://` | {c.fencing_tokens} | {c.state_per_name} |")
+    return "\n".join(rows)
 
 
-def render(text: str, backends: list[Capabilities]) -> str:
+def options_table(declarations: list[Declared]) -> str:
+    rows = ["| backend | option | default | what it does |", "|---|---|---|---|"]
+    for d in declarations:
+        for option in d.options:
+            where = "" if option.query else " (keyword only)"
+            rows.append(
+                f"| `{d.scheme}://` | `{option.name}`{where} | {option.default} "
+                f"| {option.meaning} |"
+            )
+    return "\n".join(rows)
+
+
+TABLES = {
+    "flags": flags_table,
+    "failures": failures_table,
+    "tokens": tokens_table,
+    "options": options_table,
+}
+
+
+def render(text: str, backends: list[Declared]) -> str:
     for name, build in TABLES.items():
         pattern = re.compile(
             rf"(<!-- capabilities:{name}:start -->\n).*?(<!-- capabilities:{name}:end -->)",

@@ -10,6 +10,7 @@ import pytest
 
 from corral import Store, connect
 from tests.conftest import capabilities
+from tests.footprint import Footprint, footprint_for
 
 
 @pytest.fixture
@@ -34,3 +35,9 @@ def lapse(backend_name: str) -> Callable[[float], float]:
     """Seconds to sleep until a lock of `ttl` has surely expired on this backend."""
     slack = capabilities(backend_name).ttl_slack
     return lambda ttl: ttl + slack + 0.2
+
+
+@pytest.fixture
+def footprint(backend_name: str, backend_url: str) -> Footprint:
+    """Counts the entries corral keeps on this backend's server."""
+    return footprint_for(backend_name, backend_url)

@@ -40,3 +40,7 @@ class Capabilities:
     ttl_slack: float = 0.0
     """How much longer than its TTL an unrenewed lock may stay held (servers that count
     whole seconds round up, so a lock never ends early)."""
+    fencing_tokens: str = ""
+    """Where the fencing tokens come from, and what (if anything) could break their order."""
+    state_per_name: str = ""
+    """What stays on the server for a lock name once it is released and expired."""

@@ -7,6 +7,7 @@ operations under that lock: atomic by construction.
 
 from __future__ import annotations
 
+import heapq
 import threading
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -14,8 +15,8 @@ from typing import Any, ClassVar
 from corral._async.backends.base import AsyncBackend
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock, SystemClock
+from corral.core.options import merge_options
 from corral.core.primitives import Attempt, LockInfo, Outcome
-from corral.errors import ConfigError
 
 __all__ = ["AsyncMemoryBackend"]
 
@@ -49,18 +50,40 @@ class AsyncMemoryBackend(AsyncBackend):
         self._name = name
         self._mutex = threading.Lock()
         self._locks: dict[str, _Entry] = {}
-        self._fences: dict[str, int] = {}
+        # One counter for every name: tokens strictly increase per name, and a name
+        # used once leaves nothing behind.
+        self._last_token = 0
         self._queues: dict[str, dict[str, float]] = {}
+        # (when, name): every expiry ever set, soonest first, so expired entries of
+        # names nobody looks up again are still dropped (see `_sweep`).
+        self._expiries: list[tuple[float, str]] = []
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock, **options: Any) -> AsyncMemoryBackend:
-        if options:
-            raise ConfigError(f"{url}: unknown option(s) {', '.join(sorted(options))}")
-        return cls(clock=clock, name=url.split("://", 1)[1])
+        rest = url.split("://", 1)[1]
+        name, _, query = rest.partition("?")
+        merge_options(url, query, options, cls.url_options, backend="memory")
+        return cls(clock=clock, name=name)
 
     @property
     def server(self) -> str:
         return f"memory://{self._name}"
+
+    def _expires(self, name: str, when: float) -> float:
+        heapq.heappush(self._expiries, (when, name))
+        return when
+
+    def _sweep(self, now: float) -> None:
+        """Drop whatever has expired, for every name, at a logarithmic cost per expiry set.
+
+        A name used once and left to expire is never looked up again, so without
+        this its entry would stay forever. An entry extended since its expiry was
+        pushed is found live and kept; its newer expiry is in the heap too.
+        """
+        while self._expiries and self._expiries[0][0] <= now:
+            _, name = heapq.heappop(self._expiries)
+            self._live(name, now)
+            self._queue_head(name, now)
 
     def _live(self, name: str, now: float) -> _Entry | None:
         entry = self._locks.get(name)
@@ -69,13 +92,25 @@ class AsyncMemoryBackend(AsyncBackend):
             return None
         return entry
 
-    def _queue_head(self, name: str, owner: str, now: float, queue_ttl: float) -> str:
-        queue = self._queues.setdefault(name, {})
+    def _queue_head(self, name: str, now: float) -> str | None:
+        """The first live waiter in the queue of `name`, after dropping expired places."""
+        queue = self._queues.get(name)
+        if queue is None:
+            return None
         for waiter, expires_at in list(queue.items()):
             if expires_at <= now:
                 del queue[waiter]
-        queue[owner] = now + queue_ttl  # dicts keep arrival order; refreshing keeps the place
+        if not queue:
+            del self._queues[name]
+            return None
         return next(iter(queue))
+
+    def _leave(self, name: str, owner: str) -> None:
+        queue = self._queues.get(name)
+        if queue is not None:
+            queue.pop(owner, None)
+            if not queue:
+                del self._queues[name]
 
     async def try_acquire(
         self,
@@ -89,19 +124,20 @@ class AsyncMemoryBackend(AsyncBackend):
     ) -> Attempt:
         with self._mutex:
             now = self._clock.now()
+            self._sweep(now)
             entry = self._live(name, now)
             if queue_ttl is not None:
-                head = self._queue_head(name, owner, now, queue_ttl)
-                if entry is None and head != owner:
-                    return Attempt(False, holder_ttl=None)
+                # Dicts keep arrival order; refreshing keeps the place.
+                self._queues.setdefault(name, {})[owner] = self._expires(name, now + queue_ttl)
             if entry is not None:
                 return Attempt(False, holder_ttl=entry.expires_at - now)
-            token = self._fences.get(name, 0) + 1
-            self._fences[name] = token
-            self._locks[name] = _Entry(owner, token, now + ttl)
-            if queue_ttl is not None:
-                self._queues[name].pop(owner, None)
-            return Attempt(True, token=token)
+            head = self._queue_head(name, now)
+            if head is not None and head != owner:
+                return Attempt(False, holder_ttl=None)  # every attempt respects the queue
+            self._last_token += 1
+            self._locks[name] = _Entry(owner, self._last_token, self._expires(name, now + ttl))
+            self._leave(name, owner)
+            return Attempt(True, token=self._last_token)
 
     async def release(self, name: str, owner: str, hold_for: float = 0.0) -> Outcome:
         with self._mutex:
@@ -113,7 +149,7 @@ class AsyncMemoryBackend(AsyncBackend):
                 return Outcome.LOST
             if hold_for > 0:
                 entry.owner = None
-                entry.expires_at = now + hold_for
+                entry.expires_at = self._expires(name, now + hold_for)
             else:
                 del self._locks[name]
         if hold_for <= 0:
@@ -128,7 +164,7 @@ class AsyncMemoryBackend(AsyncBackend):
                 return Outcome.EXPIRED
             if entry.owner != owner:
                 return Outcome.LOST
-            entry.expires_at = now + ttl
+            entry.expires_at = self._expires(name, now + ttl)
             return Outcome.OK
 
     async def inspect(self, name: str) -> LockInfo | None:
@@ -150,14 +186,8 @@ class AsyncMemoryBackend(AsyncBackend):
 
     async def leave_queue(self, name: str, owner: str) -> None:
         with self._mutex:
-            queue = self._queues.get(name)
-            if queue is not None:
-                was_head = bool(queue) and next(iter(queue)) == owner
-                queue.pop(owner, None)
-                if not queue:
-                    del self._queues[name]
-            else:
-                was_head = False
+            was_head = self._queue_head(name, self._clock.now()) == owner
+            self._leave(name, owner)
         if was_head:
             self.local_bus.notify(name)
 

@@ -17,6 +17,7 @@ from typing import ClassVar, Protocol
 
 from corral._sync._compat import Event
 from corral.core.capabilities import Capabilities
+from corral.core.options import Option
 from corral.core.primitives import Attempt, LockInfo, Outcome
 from corral.errors import BackendError, ConfigError
 
@@ -170,6 +171,8 @@ class Backend(abc.ABC):
     """
 
     capabilities: ClassVar[Capabilities]
+    url_options: ClassVar[tuple[Option, ...]] = ()
+    """The connection options `from_url` accepts, in the URL's query or as keywords."""
 
     def __init__(self) -> None:
         self.local_bus = LocalBus()
