@@ -43,7 +43,27 @@ class LockError(CorralError):
 
 
 class LockTimeout(LockError):
-    """The lock was not acquired within the wait the caller allowed."""
+    """The lock was not acquired within the wait the caller allowed.
+
+    What is known of the holder when the wait ran out is kept as attributes:
+    `owner` (None when nobody holds it, or while `release(hold_for=...)` keeps it
+    closed), `token`, `ttl` (seconds left) and `server` (where the lock lives).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        owner: str | None = None,
+        token: int | None = None,
+        ttl: float | None = None,
+        server: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.owner = owner
+        self.token = token
+        self.ttl = ttl
+        self.server = server
 
 
 class LockLost(LockError):

@@ -171,15 +171,27 @@ def test_ttl_is_exact_under_a_fake_clock() -> None:
         second.extend()
 
 
-def test_handle_forgets_a_lease_that_surely_ran_out() -> None:
+def test_acquiring_again_after_the_lease_ran_out_reports_the_loss() -> None:
     clock = FakeClock()
     store = corral.connect("memory://", clock=clock)
     lock = store.lock("job", ttl=10)
+    other = store.lock("job", ttl=10)
     assert lock.acquire() and lock.held
     clock.advance(10)
     assert not lock.held
-    assert lock.acquire()  # not "already held": the old lease is gone
+    # The holder's second acquire must not quietly start a new acquisition: the
+    # first one's work may have overlapped with somebody else's.
+    with pytest.raises(LockExpired):
+        lock.acquire()
+    assert lock.acquire()  # the loss was reported; the handle starts afresh
     assert lock.token == 2
+    lock.release()
+    assert lock.acquire()
+    clock.advance(10)
+    assert other.acquire()
+    with pytest.raises(LockLost):
+        lock.acquire()
+    assert other.token == 4
 
 
 def test_hold_for_under_a_fake_clock() -> None:

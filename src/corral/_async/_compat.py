@@ -9,23 +9,32 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
+log = logging.getLogger("corral")
+
 __all__ = [
     "Event",
+    "Gate",
+    "Job",
     "Lock",
     "Worker",
     "call_maybe_async",
+    "current_task",
     "current_task_label",
+    "finish_anyway",
     "run_sync",
     "scope_key",
     "shield",
     "sleep",
     "spawn",
+    "start_job",
+    "undo_if_interrupted",
 ]
 
 Lock = asyncio.Lock
@@ -72,6 +81,14 @@ async def shield(awaitable: Awaitable[T]) -> T:
     return await asyncio.shield(awaitable)
 
 
+def current_task() -> object:
+    """Who is calling: the running task (a thread's identity in the other flavour)."""
+    task = asyncio.current_task()
+    if task is None:
+        raise RuntimeError("corral's asyncio API must be called from a task")
+    return task
+
+
 def current_task_label() -> str:
     task = asyncio.current_task()
     thread = threading.current_thread().name
@@ -106,3 +123,102 @@ async def call_maybe_async(func: Callable[..., Any], *args: Any) -> None:
     result = func(*args)
     if inspect.isawaitable(result):
         await result
+
+
+class Gate:
+    """Lets one task at a time through, waiting up to a timeout, as `asyncio.Lock` does.
+
+    The tasks that share one lock handle queue here, so the second one waits
+    for the first to release instead of entering beside it.
+    """
+
+    def __init__(self) -> None:
+        self._lock = asyncio.Lock()
+
+    async def acquire(self, timeout: float | None) -> bool:
+        if timeout is None:
+            await self._lock.acquire()
+            return True
+        if timeout <= 0:
+            if self._lock.locked():
+                return False
+            await self._lock.acquire()  # free and nobody queued: returns at once
+            return True
+        try:
+            await asyncio.wait_for(self._lock.acquire(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    def release(self) -> None:
+        self._lock.release()
+
+
+# Jobs run detached from whoever started them; the event loop keeps only weak
+# references to tasks, so these keep them alive until they finish.
+_JOBS: set[asyncio.Task[Any]] = set()
+
+
+class Job:
+    """A piece of background work: a task here, a pooled thread in the other flavour."""
+
+    def __init__(self, target: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+        self._task = asyncio.get_running_loop().create_task(_logged(target, *args))
+        _JOBS.add(self._task)
+        self._task.add_done_callback(_JOBS.discard)
+
+    def done(self) -> bool:
+        return self._task.done()
+
+    def cancel(self) -> None:
+        """Stop it at its next await (the other flavour's thread cannot be stopped)."""
+        self._task.cancel()
+
+
+async def _logged(target: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+    try:
+        await target(*args)
+    except Exception:
+        log.exception("a background job of corral failed")
+
+
+def start_job(target: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> Job:
+    return Job(target, *args)
+
+
+async def finish_anyway(call: Callable[[], Awaitable[T]]) -> T:
+    """Run `call()` to its end even if the caller is cancelled meanwhile.
+
+    The caller's cancellation still propagates at once; the call finishes in
+    the background. For clean-up that must not stop half-way (a release).
+    """
+    task = asyncio.ensure_future(call())
+    _JOBS.add(task)
+    task.add_done_callback(_JOBS.discard)
+    return await asyncio.shield(task)
+
+
+async def undo_if_interrupted(
+    call: Callable[[], Awaitable[T]], undo: Callable[[T | None], Coroutine[Any, Any, None]]
+) -> T:
+    """Run `call()`; if the caller is cancelled before it answers, `undo` its outcome.
+
+    The call is not abandoned mid-flight: it runs to its end in the background,
+    and only then does `undo(result)` run, so the undo can never reach the
+    server before the call it undoes (on another pooled connection, say). The
+    cancellation itself propagates at once. An error raised by the call itself
+    propagates with nothing undone.
+    """
+    task = asyncio.ensure_future(call())
+    try:
+        return await asyncio.shield(task)
+    except BaseException:
+        if task.done() and (task.cancelled() or task.exception() is not None):
+            raise
+
+        def after(done: asyncio.Future[T]) -> None:
+            if not done.cancelled() and done.exception() is None:
+                start_job(undo, done.result())
+
+        task.add_done_callback(after)
+        raise

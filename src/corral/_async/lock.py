@@ -1,9 +1,17 @@
 """The distributed lock handle, written once over every backend's primitives.
 
-The handle owns the acquisition (not the thread or task that made it), so it
-can be released from another thread or task, and it never consults
-thread-local storage. Timing decisions come from `corral.core.lockflow`; this
-module only performs what they ask for.
+**Who owns an acquisition.** The handle does, not a thread-local or a context
+variable: it can be released from another thread or task than the one that
+acquired it, as a `threading.Lock` can. A handle shared by several threads or
+tasks (a module-level `store.lock("x")`) excludes them as a `threading.Lock` /
+`asyncio.Lock` would: the second waits for the first to release (or gives up
+after its `wait`), and never enters beside it. `reentrant=True` lets the one
+thread or task that holds it enter again, as an `RLock` does; a loss found
+while re-entered is raised, never papered over with a fresh acquisition.
+
+Timing decisions come from `corral.core.lockflow`; this module only performs
+what they ask for, and keeps the handle's state consistent whatever is
+interrupted where: see `acquire` for cancellation, `release` for clean-up.
 """
 
 from __future__ import annotations
@@ -11,14 +19,31 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
-from corral._async._compat import call_maybe_async, current_task_label, shield
+from corral._async import _compat
+from corral._async._compat import (
+    Gate,
+    call_maybe_async,
+    current_task,
+    current_task_label,
+    finish_anyway,
+    shield,
+    start_job,
+    undo_if_interrupted,
+)
 from corral._async.renewer import renewer
-from corral.core.lockflow import RenewalSchedule, WaitPlan, make_owner, outcome_error
-from corral.core.primitives import Attempt, Outcome
+from corral.core.forks import ProcessLock
+from corral.core.lockflow import (
+    STARVE_AFTER,
+    RenewalSchedule,
+    WaitPlan,
+    make_owner,
+    outcome_error,
+)
+from corral.core.primitives import Attempt, LockInfo, Outcome
 from corral.core.validate import check_non_negative, check_ttl, check_wait
 from corral.errors import (
     BackendError,
@@ -31,7 +56,7 @@ from corral.errors import (
 if TYPE_CHECKING:
     from corral._async.store import AsyncStore
 
-__all__ = ["AsyncLock"]
+__all__ = ["AsyncAcquisition", "AsyncLock"]
 
 log = logging.getLogger("corral.lock")
 
@@ -55,27 +80,36 @@ class _Unset:
 
 _UNSET: Final = _Unset()
 
-# How long a fair waiter keeps its place in the queue without refreshing it: a
-# waiter that dies is skipped after this long, and live waiters refresh well before.
+# How long a queued waiter keeps its place without refreshing it: a waiter that
+# dies is skipped after this long, and live waiters refresh well before.
 FAIR_QUEUE_TTL = 3.0
 # How long to wait for replicas to acknowledge an acquisition (replicas=N).
 REPLICA_TIMEOUT = 1.0
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Held:
+    """One acquisition, as this handle knows it."""
+
     owner: str
     token: int
     pid: int
-    count: int
+    holder: object
+    """The thread or task that acquired it: the only one that may re-enter."""
     schedule: RenewalSchedule
+    granted_at: float
+    count: int = 1
     lost: LockError | None = None
+    released: bool = False
+    """Set first thing by `release`: a renewal answering afterwards means nothing."""
+    extending: _compat.Lock = field(default_factory=_compat.Lock)
+    """One extend at a time (the user's or a renewal), so the schedule follows the server."""
 
 
 class AsyncLock:
     """A named lock with a TTL, a fencing token and an owner, shared through a store.
 
-    Created by `AsyncStore.lock()`; see SPEC-level docs in docs/locks.md.
+    Created by `AsyncStore.lock()`; docs/locks.md describes it.
     """
 
     def __init__(
@@ -93,6 +127,7 @@ class AsyncLock:
     ) -> None:
         self._store = store
         self._backend = store.backend
+        self._stats = store.metrics.locks
         self.name = name
         self.ttl = ttl
         self.wait = wait
@@ -102,6 +137,10 @@ class AsyncLock:
         self.fair = fair
         self.replicas = replicas
         self._held: _Held | None = None
+        # Guards `_held` against two threads releasing at once; never held across I/O.
+        self._state = ProcessLock()
+        self._gate = Gate()
+        self._gate_pid = os.getpid()
 
     def __repr__(self) -> str:
         state = "held" if self.held else "not held"
@@ -114,9 +153,7 @@ class AsyncLock:
     def held(self) -> bool:
         """This handle believes it holds the lock (acquired here, not released, not known lost)."""
         held = self._mine()
-        return (
-            held is not None and held.lost is None and self.clock_now() < held.schedule.valid_until
-        )
+        return held is not None and self._alive(held)
 
     @property
     def token(self) -> int | None:
@@ -148,6 +185,19 @@ class AsyncLock:
             return None  # after fork, the child does not own its parent's locks
         return held
 
+    def _alive(self, held: _Held) -> bool:
+        """Not known lost, and the lease surely still runs (renewed or not)."""
+        return held.lost is None and self.clock_now() < held.schedule.valid_until
+
+    def _gate_here(self) -> Gate:
+        # A forked child starts with the gate open: the parent's holder is not there.
+        if self._gate_pid != os.getpid():
+            with self._state:
+                if self._gate_pid != os.getpid():
+                    self._gate = Gate()
+                    self._gate_pid = os.getpid()
+        return self._gate
+
     # -- acquire ----------------------------------------------------------------
 
     async def acquire(
@@ -155,35 +205,70 @@ class AsyncLock:
     ) -> bool:
         """Take the lock, waiting up to `wait` seconds (None: forever; 0: one attempt)."""
         seconds = self.wait if isinstance(wait, _Unset) else check_wait(wait)
+        me = current_task()
         held = self._mine()
-        if held is not None:
-            # A lease that surely ran out (no renewal) counts as lost here.
-            alive = held.lost is None and self.clock_now() < held.schedule.valid_until
-            if self.reentrant and alive:
-                held.count += 1
-                return True
-            if alive:
-                raise LockError(
-                    f"lock {self.name!r} is already held by this handle; "
-                    "pass reentrant=True to acquire it again"
-                )
-            self._held = None  # a lost acquisition may be replaced by a new one
+        if held is not None and held.holder is me:
+            return await self._reenter(held)
+        started = self.clock_now()
+        gate = self._gate_here()
+        if not await gate.acquire(seconds):
+            self._stats.add("timeouts")
+            return False
+        try:
+            if seconds is not None:
+                seconds = max(0.0, seconds - (self.clock_now() - started))
+            granted = await self._acquire_on_server(me, seconds, fail_fast, started)
+        except BaseException:
+            gate.release()
+            raise
+        if not granted:
+            gate.release()
+            self._stats.add("timeouts")
+        return granted
+
+    async def _reenter(self, held: _Held) -> bool:
+        """The thread or task that holds the lock acquires it again."""
+        if not self._alive(held):
+            # Never replace a lost acquisition with a new one behind the caller's back:
+            # another owner may have held the lock in between.
+            error = held.lost or await self._why_lost(held)
+            self._lose(held, error, notify=False)
+            self._forget(held)
+            raise error
+        if not self.reentrant:
+            raise LockError(
+                f"lock {self.name!r}: this thread or task already holds it through this handle, "
+                "so waiting for it would wait forever; pass reentrant=True to let the holder "
+                "enter again (other threads and tasks still wait their turn)"
+            )
+        held.count += 1
+        return True
+
+    async def _acquire_on_server(
+        self, me: object, seconds: float | None, fail_fast: bool, started: float
+    ) -> bool:
         owner = make_owner(current_task_label())
         queue_ttl = FAIR_QUEUE_TTL if self.fair else None
-        started = self.clock_now()
+        sent_at = self.clock_now()
         attempt = await self._attempt(owner, queue_ttl)
         if attempt.acquired:
-            return await self._took(owner, attempt, started)
+            return await self._took(
+                owner, me, attempt, started=started, sent_at=sent_at, contended=False
+            )
         if seconds == 0:
-            await self._leave_queue(owner)
+            await self._leave_queue(owner, queued=self.fair)
             return False
+        queues = self._backend.capabilities.fair
         plan = WaitPlan(
-            now=started,
+            now=self.clock_now(),
             wait=seconds,
             fail_fast=fail_fast,
             notifies=self._backend.capabilities.notifies,
             refresh_every=FAIR_QUEUE_TTL / 3 if self.fair else None,
+            # Without fair=True, a waiter joins the queue once it has waited too long.
+            queue_after=None if self.fair or not queues else STARVE_AFTER,
         )
+        granted: Attempt | None = None
         try:
             waiter = self._backend.waiter(self.name)
             if self.fair:
@@ -191,24 +276,45 @@ class AsyncLock:
             async with waiter:
                 # Subscribed before this attempt: a release from now on wakes us.
                 while True:
-                    now = self.clock_now()
+                    sent_at = self.clock_now()
                     attempt = await self._attempt(owner, queue_ttl)
                     if attempt.acquired:
-                        return await self._took(owner, attempt, now)
-                    delay = plan.next_wait(self.clock_now(), attempt)
+                        granted = attempt
+                        break
+                    now = self.clock_now()
+                    if plan.should_queue(now):
+                        queue_ttl = FAIR_QUEUE_TTL
+                        plan.queue(refresh_every=FAIR_QUEUE_TTL / 3)
+                        continue  # join the queue now, not after another wait
+                    delay = plan.next_wait(now, attempt)
                     if delay is None:
                         break
                     await waiter.wait(delay)
         except BackendError:
+            if granted is not None:
+                # Granted, then leaving the subscription failed: the lock is ours all
+                # the same; the subscription's server trouble is not the caller's.
+                return await self._took(
+                    owner, me, granted, started=started, sent_at=sent_at, contended=True
+                )
             raise  # leaving the queue would wait on the failed server again; the place expires
         except BaseException:
-            await self._leave_queue(owner)
+            # Cancelled (or interrupted) after the grant, while leaving the subscription:
+            # the caller will never know it holds the lock, so take it back.
+            if granted is not None:
+                await self._take_back(owner)
+            else:
+                await self._leave_queue(owner, queued=queue_ttl is not None)
             raise
-        await self._leave_queue(owner)
+        if granted is not None:
+            return await self._took(
+                owner, me, granted, started=started, sent_at=sent_at, contended=True
+            )
+        await self._leave_queue(owner, queued=queue_ttl is not None)
         return False
 
     async def _attempt(self, owner: str, queue_ttl: float | None) -> Attempt:
-        try:
+        async def attempt() -> Attempt:
             return await self._backend.try_acquire(
                 self.name,
                 owner,
@@ -217,37 +323,55 @@ class AsyncLock:
                 replicas=self.replicas,
                 replica_timeout=REPLICA_TIMEOUT,
             )
-        except BackendError:
-            # The server may have granted it before the answer was lost; taking it
-            # back would mean a second wait on a server that just failed, doubling
-            # the configured timeout. Its TTL frees it instead.
-            raise
-        except BaseException:
-            # Cancelled after the server may have granted it: take it back, so no
-            # lock is held by an owner nobody knows. The owner id is unique to this
-            # attempt, so this can free nothing else.
-            try:
-                await shield(self._backend.release(self.name, owner))
-            except BaseException:
-                log.debug("could not take back attempt on lock %r", self.name, exc_info=True)
-            raise
 
-    async def _leave_queue(self, owner: str) -> None:
-        if not self.fair:
+        async def undo(result: Attempt | None) -> None:
+            # Interrupted before the answer: the server may have granted it. Once the
+            # attempt is over (never before: a take-back that overtakes the attempt
+            # would find nothing), release what it took, so no lock is held by an owner
+            # nobody knows. The owner id is unique to this attempt: nothing else is freed.
+            if result is None or result.acquired:
+                await self._take_back(owner)
+
+        # A BackendError from the attempt itself is raised with nothing undone: the
+        # server may have granted it before the answer was lost, but taking it back
+        # would mean a second wait on a server that just failed. Its TTL frees it.
+        return await undo_if_interrupted(attempt, undo)
+
+    async def _take_back(self, owner: str) -> None:
+        try:
+            await shield(self._backend.release(self.name, owner))
+        except BaseException:
+            log.debug("could not take back an acquisition of lock %r", self.name, exc_info=True)
+
+    async def _leave_queue(self, owner: str, *, queued: bool) -> None:
+        if not queued:
             return
         try:
             await self._backend.leave_queue(self.name, owner)
         except BaseException:
             log.debug("could not leave the queue of lock %r", self.name, exc_info=True)
 
-    async def _took(self, owner: str, attempt: Attempt, sent_at: float) -> bool:
+    async def _took(
+        self,
+        owner: str,
+        me: object,
+        attempt: Attempt,
+        *,
+        started: float,
+        sent_at: float,
+        contended: bool,
+    ) -> bool:
         assert attempt.token is not None
+        now = self.clock_now()
         held = _Held(
             owner=owner,
             token=attempt.token,
             pid=os.getpid(),
-            count=1,
+            holder=me,
+            # Timed from before the request that won was sent: it can only under-estimate
+            # the server's expiry.
             schedule=RenewalSchedule(self.ttl, sent_at),
+            granted_at=now,
         )
         if self.replicas and (attempt.replicas_acked or 0) < self.replicas:
             await shield(self._backend.release(self.name, owner))
@@ -258,8 +382,12 @@ class AsyncLock:
                 "replication, or lower replicas=)"
             )
         self._held = held
+        self._stats.add("acquisitions")
+        if contended:
+            self._stats.add("contended")
+        self._stats.observe("wait_seconds", now - started)
         if self.auto_renew:
-            renewer().register(self, held.schedule.due)
+            renewer().register(self)
         return True
 
     # -- release, extend, check -------------------------------------------------
@@ -270,6 +398,18 @@ class AsyncLock:
             raise LockError(f"cannot {action} lock {self.name!r}: this handle does not hold it")
         return held
 
+    def _forget(self, held: _Held) -> bool:
+        """Drop `held` from the handle (once) and open the gate; False if already dropped."""
+        with self._state:
+            if self._held is not held:
+                return False
+            held.released = True
+            self._held = None
+        if self.auto_renew:
+            renewer().unregister(self)
+        self._gate.release()
+        return True
+
     async def release(self, hold_for: float = 0.0) -> None:
         """Free the lock if this handle still owns it (atomic compare-and-delete).
 
@@ -278,34 +418,53 @@ class AsyncLock:
         """
         hold = check_non_negative(hold_for, "hold_for")
         held = self._require("release")
+        if self.reentrant and held.holder is not current_task():
+            raise LockError(
+                f"cannot release lock {self.name!r}: another thread or task holds it through "
+                "this reentrant handle; the one that acquired it releases it"
+            )
         if held.count > 1 and held.lost is None:
             held.count -= 1
             return
         # Forget first: a release that is cancelled or fails must not leave the
         # handle believing it holds; the server's TTL frees the lock anyway.
-        self._held = None
-        if self.auto_renew:
-            renewer().unregister(self)
-        outcome = await self._backend.release(self.name, held.owner, hold)
-        error = outcome_error(outcome, self.name, self._backend.server, "release")
+        if not self._forget(held):
+            raise LockError(f"cannot release lock {self.name!r}: it was released already")
+        self._stats.observe("hold_seconds", self.clock_now() - held.granted_at)
+
+        async def release() -> Outcome:
+            return await self._backend.release(self.name, held.owner, hold)
+
+        # Finished even if the caller is cancelled meanwhile: a release half-sent is
+        # worse than one that completes a moment after its caller left.
+        outcome = await finish_anyway(release)
+        error = self._error(outcome, "release")
         if error is not None:
+            if held.lost is None:
+                self._stats.add("losses")
             raise error
 
     async def extend(self, ttl: float | None = None) -> None:
-        """Reset the TTL (to `ttl`, else the lock's own) if this handle still owns it."""
+        """Reset the TTL (to `ttl`, else the lock's own) if this handle still owns it.
+
+        With `auto_renew`, later renewals use the new TTL and come every third of it.
+        """
         seconds = self.ttl if ttl is None else check_ttl(ttl)
         held = self._require("extend")
         if held.lost is not None:
             raise held.lost
-        sent_at = self.clock_now()
-        outcome = await self._backend.extend(self.name, held.owner, seconds)
+        async with held.extending:
+            sent_at = self.clock_now()
+            outcome = await self._backend.extend(self.name, held.owner, seconds)
+            if outcome is Outcome.OK:
+                held.schedule.renewed(sent_at, seconds)
         if outcome is Outcome.OK:
-            held.schedule.renewed(sent_at, seconds)
+            if self.auto_renew:
+                renewer().wake()  # the next renewal may now be due sooner
             return
-        error = outcome_error(outcome, self.name, self._backend.server, "extend")
+        error = self._error(outcome, "extend")
         assert error is not None
-        held.lost = error
-        renewer().unregister(self)
+        self._lose(held, error, notify=False)
         raise error
 
     async def check(self) -> None:
@@ -315,11 +474,9 @@ class AsyncLock:
             raise held.lost
         info = await self._backend.inspect(self.name)
         if info is None or info.owner != held.owner:
-            outcome = Outcome.EXPIRED if info is None else Outcome.LOST
-            error = outcome_error(outcome, self.name, self._backend.server, "keep")
+            error = self._error(Outcome.EXPIRED if info is None else Outcome.LOST, "keep")
             assert error is not None
-            held.lost = error
-            renewer().unregister(self)
+            self._lose(held, error, notify=False)
             raise error
 
     async def owned(self) -> bool:
@@ -334,17 +491,44 @@ class AsyncLock:
         """Whether anyone holds the lock (or keeps it closed with hold_for) right now."""
         return await self._backend.inspect(self.name) is not None
 
-    # -- renewal (called by the renewal worker) ---------------------------------
+    async def _why_lost(self, held: _Held) -> LockError:
+        """Expired or taken over? A lease that surely ran out is one or the other: ask."""
+        info = await self._backend.inspect(self.name)
+        outcome = Outcome.LOST if info is not None and info.owner != held.owner else Outcome.EXPIRED
+        error = self._error(outcome, "keep")
+        assert error is not None
+        return error
 
-    async def renew_due(self) -> float | None:
-        """Extend once; return when to do it next, or None when renewal is over."""
+    def _error(self, outcome: Outcome, action: str) -> LockError | None:
+        return outcome_error(
+            outcome, self.name, self._backend.server, action, auto_renew=self.auto_renew
+        )
+
+    # -- renewal (scheduled by the renewal worker, each renewal its own job) -------
+
+    def renewal_plan(self) -> tuple[float, float] | None:
+        """(when the next renewal is due, when the lease surely ends), or None when over."""
         held = self._mine()
-        if held is None or held.lost is not None or held is not self._held:
+        if held is None or held.lost is not None or held.released or not self.auto_renew:
             return None
-        sent_at = self.clock_now()
+        return held.schedule.due, held.schedule.valid_until
+
+    async def renew_once(self) -> None:
+        """Extend once, as the schedule asked; retry later on a network error."""
+        held = self._mine()
+        if held is None or held.lost is not None or held.released:
+            return
         try:
-            outcome = await self._backend.extend(self.name, held.owner, held.schedule.ttl)
+            async with held.extending:
+                ttl = held.schedule.ttl
+                sent_at = self.clock_now()
+                outcome = await self._backend.extend(self.name, held.owner, ttl)
+                if outcome is Outcome.OK and not held.released and held.lost is None:
+                    held.schedule.renewed(sent_at, ttl)
         except BackendError as exc:
+            if held.released or held.lost is not None:
+                return
+            self._stats.add("renewal_failures")
             if held.schedule.failed(self.clock_now()):
                 log.warning(
                     "renewing lock %r on %s failed (%s); retrying while its TTL lasts",
@@ -352,39 +536,101 @@ class AsyncLock:
                     self._backend.server,
                     exc,
                 )
-                return held.schedule.due
-            error: LockError = LockLost(
-                f"lock {self.name!r} on {self._backend.server}: could not renew it before "
-                f"its TTL ran out ({exc}); assume another process may hold it now"
+                return
+            self._lose(
+                held,
+                LockLost(
+                    f"lock {self.name!r} on {self._backend.server}: could not renew it before "
+                    f"its TTL ran out ({exc}); assume another process may hold it now"
+                ),
             )
-            await self._mark_lost(held, error)
-            return None
+            return
+        if held.released or held.lost is not None:
+            return  # released (or given up) while the renewal was in flight: nothing to report
         if outcome is Outcome.OK:
-            held.schedule.renewed(sent_at)
-            return held.schedule.due
-        found = outcome_error(outcome, self.name, self._backend.server, "renew")
-        assert found is not None
-        await self._mark_lost(held, found)
-        return None
+            self._stats.add("renewals")
+            return
+        error = self._error(outcome, "renew")
+        assert error is not None
+        self._lose(held, error)
 
-    async def _mark_lost(self, held: _Held, error: LockError) -> None:
-        held.lost = error
-        log.warning("%s", error)
-        if self.on_lost is not None:
-            try:
-                await call_maybe_async(self.on_lost, self)
-            except Exception:
-                log.exception("on_lost callback of lock %r raised", self.name)
+    def lease_ran_out(self) -> None:
+        """The renewal in flight did not answer before the lease surely ended: it is lost."""
+        held = self._mine()
+        if held is None or held.lost is not None or held.released:
+            return
+        self._lose(
+            held,
+            LockLost(
+                f"lock {self.name!r} on {self._backend.server}: the server did not answer the "
+                "renewal before the lock's TTL ran out; assume another process may hold it now"
+            ),
+        )
+
+    def _lose(self, held: _Held, error: LockError, *, notify: bool = True) -> None:
+        """Record the loss once; with `notify`, tell `on_lost` in a job of its own.
+
+        The callback never runs on the renewal worker: a slow one would delay
+        every other lock's renewal.
+        """
+        with self._state:
+            if held.lost is not None or held.released:
+                return
+            held.lost = error
+        self._stats.add("losses")
+        if self.auto_renew:
+            renewer().unregister(self)
+        if not notify:
+            return
+        if self.on_lost is None:
+            log.warning("%s", error)
+            return
+        log.info("%s", error)
+        start_job(self._call_on_lost)
+
+    async def _call_on_lost(self) -> None:
+        assert self.on_lost is not None
+        try:
+            await call_maybe_async(self.on_lost, self)
+        except Exception:
+            log.exception("on_lost callback of lock %r raised", self.name)
 
     # -- context manager --------------------------------------------------------
 
-    async def __aenter__(self) -> AsyncLock:
+    async def __aenter__(self) -> AsyncAcquisition:
         if not await self.acquire():
-            raise LockTimeout(
-                f"lock {self.name!r} on {self._backend.server} was not acquired within "
-                f"{self.wait} s; another process holds it (see `corral status {self.name}`)"
+            raise await self._timeout_error()
+        held = self._mine()
+        assert held is not None
+        return AsyncAcquisition(self, held.token, held.owner)
+
+    async def _timeout_error(self) -> LockTimeout:
+        """What the caller of `with store.lock(...)` needs when it timed out: who holds it."""
+        try:
+            info: LockInfo | None = await self._backend.inspect(self.name)
+        except BackendError:
+            info = None
+        where = f"lock {self.name!r} on {self._backend.server}"
+        waited = f"was not acquired within {self.wait:g} s" if self.wait else "is busy"
+        if info is None:
+            state = "nobody holds it now (it was freed as the wait ran out); retry"
+        elif info.owner is None:
+            state = (
+                f"it is kept closed, with no owner, for {info.ttl:.1f} s more "
+                "(release(hold_for=...))"
             )
-        return self
+        else:
+            state = f"held by {info.owner} (token {info.token}, {info.ttl:.1f} s left)"
+        hint = ""
+        if self._backend.capabilities.cross_process:
+            hint = f"; see `corral status {self.name} --url {self._backend.server}`"
+        return LockTimeout(
+            f"{where} {waited}: {state}{hint}",
+            owner=None if info is None else info.owner,
+            token=None if info is None else info.token,
+            ttl=None if info is None else info.ttl,
+            server=self._backend.server,
+        )
 
     async def __aexit__(
         self,
@@ -402,3 +648,45 @@ class AsyncLock:
             # Never mask the exception already in flight: attach the lock's fate to it.
             add_note(exc, f"corral: also, on leaving the block: {release_error}")
             log.warning("%s (while handling %r)", release_error, exc)
+
+
+class AsyncAcquisition:
+    """What `async with store.lock(...) as held:` gives: the lock, with its token surely set.
+
+    Inside the block the lock is held, so `token` is an `int` and `owner` a
+    `str`, not optional as on the handle. The methods are the handle's.
+    """
+
+    __slots__ = ("lock", "owner", "token")
+
+    def __init__(self, lock: AsyncLock, token: int, owner: str) -> None:
+        self.lock = lock
+        self.token = token
+        self.owner = owner
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} of {self.lock!r} token={self.token}>"
+
+    @property
+    def name(self) -> str:
+        return self.lock.name
+
+    @property
+    def held(self) -> bool:
+        return self.lock.held
+
+    @property
+    def lost(self) -> LockError | None:
+        return self.lock.lost
+
+    async def extend(self, ttl: float | None = None) -> None:
+        await self.lock.extend(ttl)
+
+    async def check(self) -> None:
+        await self.lock.check()
+
+    async def owned(self) -> bool:
+        return await self.lock.owned()
+
+    async def release(self, hold_for: float = 0.0) -> None:
+        await self.lock.release(hold_for)

@@ -5,24 +5,37 @@ Each name here has the meaning it has there, with threads in place of tasks.
 
 from __future__ import annotations
 
+import collections
+import logging
+import os
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from corral.core.forks import ProcessLock
+
 T = TypeVar("T")
+
+log = logging.getLogger("corral")
 
 __all__ = [
     "Event",
+    "Gate",
+    "Job",
     "Lock",
     "Worker",
     "call_maybe_async",
+    "current_task",
     "current_task_label",
+    "finish_anyway",
     "run_sync",
     "scope_key",
     "shield",
     "sleep",
     "spawn",
+    "start_job",
+    "undo_if_interrupted",
 ]
 
 Lock = threading.Lock
@@ -61,6 +74,11 @@ def shield(value: T) -> T:
     return value
 
 
+def current_task() -> object:
+    """Who is calling: the running thread (a task in the other flavour)."""
+    return threading.current_thread()
+
+
 def current_task_label() -> str:
     return threading.current_thread().name
 
@@ -94,3 +112,119 @@ def spawn(target: Callable[[], None], name: str) -> Worker:
 
 def call_maybe_async(func: Callable[..., Any], *args: Any) -> None:
     func(*args)
+
+
+class Gate:
+    """Lets one thread at a time through, waiting up to a timeout, as `threading.Lock` does.
+
+    The threads that share one lock handle queue here, so the second one waits
+    for the first to release instead of entering beside it. In a forked child
+    it starts open: the parent's threads are not there to release it.
+    """
+
+    def __init__(self) -> None:
+        self._lock = ProcessLock()
+
+    def acquire(self, timeout: float | None) -> bool:
+        return self._lock.acquire(timeout)
+
+    def release(self) -> None:
+        self._lock.release()
+
+
+# How long an idle pooled thread waits for more work before it ends.
+_IDLE_SECONDS = 10.0
+
+
+class _ThreadPool:
+    """Daemon threads reused for short background jobs, started when none is idle.
+
+    Unbounded on purpose: a job that blocks (a slow server) must never hold up
+    another (a renewal that is due). Threads end after a while without work.
+    Each release of `_ready` hands exactly one queued job to one idle thread.
+    """
+
+    def __init__(self) -> None:
+        self._mutex = ProcessLock()
+        self._pid = os.getpid()
+        self._jobs: collections.deque[Callable[[], None]] = collections.deque()
+        self._ready = threading.Semaphore(0)
+        self._idle = 0
+
+    def submit(self, work: Callable[[], None]) -> None:
+        with self._mutex:
+            if self._pid != os.getpid():  # a forked child has none of the parent's threads
+                self._pid = os.getpid()
+                self._jobs.clear()
+                self._ready = threading.Semaphore(0)
+                self._idle = 0
+            if self._idle > 0:
+                self._idle -= 1
+                self._jobs.append(work)
+                self._ready.release()
+                return
+        threading.Thread(target=self._serve, args=(work,), name="corral-job", daemon=True).start()
+
+    def _serve(self, work: Callable[[], None]) -> None:
+        while True:
+            work()
+            with self._mutex:
+                self._idle += 1
+                ready = self._ready
+            if not ready.acquire(timeout=_IDLE_SECONDS):
+                with self._mutex:
+                    # A submit may have counted this thread idle just as the wait ran out.
+                    if not ready.acquire(blocking=False):
+                        self._idle -= 1
+                        return
+            with self._mutex:
+                work = self._jobs.popleft()
+
+
+_POOL = _ThreadPool()
+
+
+class Job:
+    """A piece of background work: a pooled thread here, a task in the other flavour."""
+
+    def __init__(self, target: Callable[..., Any], *args: Any) -> None:
+        self._done = threading.Event()
+
+        def work() -> None:
+            try:
+                target(*args)
+            except Exception:
+                log.exception("a background job of corral failed")
+            finally:
+                self._done.set()
+
+        _POOL.submit(work)
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def cancel(self) -> None:
+        """A blocking call cannot be interrupted: the job runs on and its result is ignored."""
+
+
+def start_job(target: Callable[..., Any], *args: Any) -> Job:
+    return Job(target, *args)
+
+
+def finish_anyway(call: Callable[[], T]) -> T:
+    return call()
+
+
+def undo_if_interrupted(call: Callable[[], T], undo: Callable[[T | None], None]) -> T:
+    """Run `call()`; if an interruption (KeyboardInterrupt...) ends it, undo what it may have done.
+
+    The outcome is unknown then, so `undo(None)` runs. An error raised by the
+    call itself (an `Exception`) propagates with nothing undone.
+    """
+    try:
+        return call()
+    except Exception:
+        raise
+    except BaseException:
+        undo(None)
+        raise

@@ -2,20 +2,26 @@
 # Edit the asyncio flavour and run `python scripts/unasync.py`.
 """One renewal worker per process (per event loop in the async flavour) for every auto-renewed lock.
 
-A thread or task per lock would cost a thread per lock and hide failures; one
-worker keeps a due-time per lock, extends what is due, and tells a lock it is
-lost when the server says so or when its lease has surely run out. After
-`fork` the child starts with no worker and owns none of its parent's locks.
+The worker only schedules: it keeps no thread per lock (that would cost a
+thread per lock and hide failures), and it never waits on a server itself.
+Each renewal that falls due runs as a job of its own (a task, or a pooled
+thread in the blocking flavour), so a slow server for one lock, or a slow
+`on_lost` callback, never delays another lock's renewal. While a renewal is
+in flight the worker watches the lease it protects: if the lease surely ends
+before the server answered, the lock is reported lost right then (and, where
+it can be, the renewal is cancelled), however long the server takes.
+
+After `fork` the child starts with no worker and owns none of its parent's locks.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
 from typing import TYPE_CHECKING
 
-from corral._sync._compat import Event, Worker, scope_key, spawn
+from corral._sync._compat import Event, Job, Worker, scope_key, spawn, start_job
+from corral.core.forks import ProcessLock
 
 if TYPE_CHECKING:
     from corral._sync.lock import Lock
@@ -26,19 +32,19 @@ log = logging.getLogger("corral.renewal")
 
 
 class Renewer:
-    """Extends registered locks when their schedule says so, until they are released or lost."""
+    """Starts each registered lock's renewals when they fall due, until released or lost."""
 
     def __init__(self, key: object) -> None:
         self._key = key
-        # A thread lock in both flavours: its critical sections never await.
-        self._mutex = threading.Lock()
-        self._locks: dict[Lock, float] = {}
+        # Its critical sections never await, in either flavour.
+        self._mutex = ProcessLock()
+        self._locks: dict[Lock, Job | None] = {}
         self._wake = Event()
         self._worker: Worker | None = None
 
-    def register(self, lock: Lock, due: float) -> None:
+    def register(self, lock: Lock) -> None:
         with self._mutex:
-            self._locks[lock] = due
+            self._locks.setdefault(lock, None)
             if self._worker is None or not self._worker.alive():
                 self._worker = spawn(self._run, name="corral-renewer")
         self._wake.set()
@@ -47,40 +53,63 @@ class Renewer:
         with self._mutex:
             self._locks.pop(lock, None)
 
+    def wake(self) -> None:
+        """Look at every schedule again now (one changed: an extend with another TTL)."""
+        self._wake.set()
+
     def __len__(self) -> int:
         return len(self._locks)
+
+    def _renew(self, lock: Lock) -> None:
+        try:
+            lock.renew_once()
+        finally:
+            self._wake.set()
 
     def _run(self) -> None:
         while True:
             with self._mutex:
                 if not self._locks:
                     self._worker = None
-                    if _RENEWERS.get(self._key) is self:
-                        del _RENEWERS[self._key]
+                    with _REGISTRY_MUTEX:
+                        if _RENEWERS.get(self._key) is self:
+                            del _RENEWERS[self._key]
                     return
                 items = list(self._locks.items())
-            delays = [(due - lock.clock_now(), lock) for lock, due in items]
-            ready = [lock for delay, lock in delays if delay <= 0]
-            if not ready:
-                self._wake.wait(min(delay for delay, _ in delays))
-                self._wake.clear()
-                continue
-            for lock in ready:
-                try:
-                    next_due = lock.renew_due()
-                except Exception:  # one lock's failure must not stop the others' renewals
-                    log.exception("renewal of lock %r failed unexpectedly", lock.name)
-                    next_due = None
-                with self._mutex:
-                    if lock in self._locks:
-                        if next_due is None:
-                            del self._locks[lock]
-                        else:
-                            self._locks[lock] = next_due
+            soonest: float | None = None
+            for lock, job in items:
+                plan = lock.renewal_plan()
+                if plan is None:
+                    self.unregister(lock)
+                    continue
+                due, valid_until = plan
+                now = lock.clock_now()
+                if job is not None and not job.done():
+                    if now < valid_until:
+                        wake_at = valid_until - now
+                    else:
+                        job.cancel()  # the asyncio flavour stops waiting; a thread runs on
+                        lock.lease_ran_out()
+                        self.unregister(lock)
+                        continue
+                elif due <= now:
+                    job = start_job(self._renew, lock)
+                    with self._mutex:
+                        if lock in self._locks:
+                            self._locks[lock] = job
+                    wake_at = valid_until - now
+                else:
+                    wake_at = due - now
+                soonest = wake_at if soonest is None else min(soonest, wake_at)
+            if soonest is None:
+                continue  # nothing left to renew: the top of the loop ends the worker
+            if soonest > 0:
+                self._wake.wait(soonest)
+            self._wake.clear()
 
 
 _RENEWERS: dict[object, Renewer] = {}
-_REGISTRY_MUTEX = threading.Lock()
+_REGISTRY_MUTEX = ProcessLock()
 
 
 def renewer() -> Renewer:
@@ -98,4 +127,5 @@ def _forget_after_fork() -> None:
     _RENEWERS.clear()
 
 
-os.register_at_fork(after_in_child=_forget_after_fork)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)

@@ -10,15 +10,16 @@ from types import TracebackType
 from typing import Any
 
 from corral._sync.backends.base import Backend
-from corral._sync.lock import Lock
+from corral._sync.lock import Acquisition, Lock
 from corral.backends.registry import default_url, redact, resolve
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock, SystemClock
 from corral.core.primitives import LockInfo
+from corral.core.stats import StoreStats
 from corral.core.validate import check_name, check_ttl, check_wait
 from corral.errors import ConfigError
 
-__all__ = ["Store", "connect"]
+__all__ = ["Acquisition", "Store", "connect"]
 
 
 class Store:
@@ -30,6 +31,7 @@ class Store:
     def __init__(self, backend: Backend, *, clock: Clock | None = None) -> None:
         self.backend = backend
         self.clock: Clock = clock or SystemClock()
+        self.metrics = StoreStats()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.backend.server}>"
@@ -79,6 +81,14 @@ class Store:
             fair=bool(fair),
             replicas=replicas,
         )
+
+    def stats(self) -> dict[str, Any]:
+        """What this store's locks did so far: counters and wait/hold-time histograms.
+
+        A snapshot (a plain dict), cheap to take; see docs/metrics.md for every
+        field, and `corral.prometheus` to expose the same numbers to Prometheus.
+        """
+        return self.metrics.snapshot()
 
     def lock_info(self, name: str) -> LockInfo | None:
         """Who holds `name`, with which fencing token, for how many more seconds."""

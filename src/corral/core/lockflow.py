@@ -16,6 +16,7 @@ from corral.core.primitives import Attempt, Outcome
 from corral.errors import LockError, LockExpired, LockLost
 
 __all__ = [
+    "STARVE_AFTER",
     "RenewalSchedule",
     "WaitPlan",
     "make_owner",
@@ -31,6 +32,10 @@ NOTIFIED_RECHECK = 1.0
 MIN_WAIT = 0.0005
 # Below this much lease left, a renewal retry could not land in time.
 MIN_RETRY = 0.001
+# A default (unfair) lock lets a newcomer take a free lock before the waiters,
+# which is fast, until a waiter has waited this long: then it joins the lock's
+# queue, and nobody may take the lock past it (Go's sync.Mutex does the same).
+STARVE_AFTER = 0.1
 
 
 def make_owner(label: str) -> str:
@@ -55,11 +60,26 @@ class WaitPlan:
         notifies: bool,
         backoff: Backoff | None = None,
         refresh_every: float | None = None,
+        queue_after: float | None = None,
     ) -> None:
         self.deadline = None if wait is None else now + wait
         self.fail_fast = fail_fast
         self.notifies = notifies
         self.backoff = backoff or Backoff()
+        self.refresh_every = refresh_every
+        self.queue_at = None if queue_after is None else now + queue_after
+
+    def should_queue(self, now: float) -> bool:
+        """True once a waiter that started outside the queue has waited long enough to join it.
+
+        From then on it waits in the queue (refreshing its place as a fair
+        waiter does), so a newcomer can no longer take the lock before it.
+        """
+        return self.queue_at is not None and now >= self.queue_at
+
+    def queue(self, refresh_every: float) -> None:
+        """The waiter joined the queue: refresh its place this often, never queue again."""
+        self.queue_at = None
         self.refresh_every = refresh_every
 
     def remaining(self, now: float) -> float | None:
@@ -86,6 +106,8 @@ class WaitPlan:
         limits.append(NOTIFIED_RECHECK if self.notifies else self.backoff.next())
         if self.refresh_every is not None:
             limits.append(self.refresh_every)
+        if self.queue_at is not None:
+            limits.append(self.queue_at - now)
         return max(min(limits), 0.0)
 
 
@@ -121,18 +143,32 @@ class RenewalSchedule:
         return True
 
 
-def outcome_error(outcome: Outcome, name: str, server: str, action: str) -> LockError | None:
-    """The error a caller sees for a release or extend that found the lock not theirs."""
+def outcome_error(
+    outcome: Outcome, name: str, server: str, action: str, *, auto_renew: bool = False
+) -> LockError | None:
+    """The error a caller sees for a release or extend that found the lock not theirs.
+
+    The advice depends on what the holder did: a lock that was auto-renewed was
+    lost to a force-release, or to renewals that could not reach the server (or
+    a process paused) for a whole TTL, not to a TTL that was too short.
+    """
     if outcome is Outcome.OK:
         return None
+    if auto_renew:
+        advice = (
+            "it was auto-renewed, so it was force-released, or this process could not "
+            "renew it for a whole TTL (server unreachable, or the process was paused)"
+        )
+    else:
+        advice = "use a longer ttl or auto_renew=True"
     if outcome is Outcome.EXPIRED:
         return LockExpired(
             f"cannot {action} lock {name!r} on {server}: its TTL ran out or it was "
             "force-released, and nobody holds it now; work done since may have "
-            "overlapped with another holder (use a longer ttl or auto_renew=True)"
+            f"overlapped with another holder ({advice})"
         )
     return LockLost(
         f"cannot {action} lock {name!r} on {server}: its TTL ran out and another "
         "owner holds it now; stop the work and let the fencing token refuse stale "
-        "writes (use a longer ttl or auto_renew=True)"
+        f"writes ({advice})"
     )

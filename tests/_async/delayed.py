@@ -1,0 +1,79 @@
+"""Any backend, with chosen primitives answering late, as a slow network sometimes does.
+
+Wraps a real store's backend, so the edge-case tests run over every backend:
+the delay is the only thing that is not real.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from corral._async.backends.base import AsyncBackend, AsyncWaiter
+from corral.aio import AsyncStore
+from corral.core.primitives import Attempt, LockInfo, Outcome
+from tests._async.concurrency import sleep
+
+
+class DelayedBackend(AsyncBackend):
+    """Delegates every primitive to `inner`, sleeping first where `delays` says so.
+
+    `delays` maps a primitive's name to seconds; `only` (if given) limits the
+    delays to calls whose lock name is in it.
+    """
+
+    def __init__(
+        self, inner: AsyncBackend, delays: dict[str, float], only: set[str] | None = None
+    ) -> None:
+        super().__init__()
+        self.inner = inner
+        self.delays = delays
+        self.only = only
+        self.local_bus = inner.local_bus
+        self.capabilities = inner.capabilities  # type: ignore[misc]
+        self.calls: list[str] = []
+
+    @property
+    def server(self) -> str:
+        return self.inner.server
+
+    async def _delay(self, primitive: str, name: str) -> None:
+        self.calls.append(primitive)
+        seconds = self.delays.get(primitive, 0.0)
+        if seconds and (self.only is None or name in self.only):
+            await sleep(seconds)
+
+    async def try_acquire(self, name: str, owner: str, ttl: float, **options: Any) -> Attempt:
+        await self._delay("try_acquire", name)
+        return await self.inner.try_acquire(name, owner, ttl, **options)
+
+    async def release(self, name: str, owner: str, hold_for: float = 0.0) -> Outcome:
+        await self._delay("release", name)
+        return await self.inner.release(name, owner, hold_for)
+
+    async def extend(self, name: str, owner: str, ttl: float) -> Outcome:
+        await self._delay("extend", name)
+        return await self.inner.extend(name, owner, ttl)
+
+    async def inspect(self, name: str) -> LockInfo | None:
+        await self._delay("inspect", name)
+        return await self.inner.inspect(name)
+
+    async def force_release(self, name: str) -> bool:
+        return await self.inner.force_release(name)
+
+    async def leave_queue(self, name: str, owner: str) -> None:
+        await self.inner.leave_queue(name, owner)
+
+    def waiter(self, name: str) -> AsyncWaiter:
+        return self.inner.waiter(name)
+
+    async def aclose(self) -> None:
+        """The inner backend belongs to its own store, which closes it."""
+
+
+def delayed(
+    store: AsyncStore, only: set[str] | None = None, **delays: float
+) -> tuple[AsyncStore, DelayedBackend]:
+    """A second store over `store`'s backend whose primitives answer late."""
+    backend = DelayedBackend(store.backend, delays, only)
+    return AsyncStore(backend, clock=store.clock), backend

@@ -1,0 +1,228 @@
+"""The lock's edges: slow replies, renewals racing releases, re-entry after a loss,
+a handle shared by several threads or tasks, and waiters a barging holder would starve.
+
+Every test runs over every backend (the slowness is injected by wrapping the
+real backend, see `tests._async.delayed`), and asserts on what happened, in
+which order, never on how long it took.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from corral.aio import AsyncLock, AsyncStore
+from corral.errors import LockError, LockLost
+from tests._async.concurrency import sleep, start
+from tests._async.delayed import delayed
+
+
+async def wait_until(condition: Callable[[], bool], deadline: float = 30.0) -> None:
+    waited = 0.0
+    while not condition():
+        assert waited < deadline, "the condition never came true"
+        await sleep(0.01)
+        waited += 0.01
+
+
+async def test_a_slow_renewal_does_not_delay_another_locks_renewal(
+    store: AsyncStore, other_store: AsyncStore, name: str, lapse: Callable[[float], float]
+) -> None:
+    slow_name, quick_name = f"{name}-slow", f"{name}-quick"
+    slow_store, backend = delayed(store, only={slow_name}, extend=lapse(0.6) + 2)
+    slow = slow_store.lock(slow_name, ttl=3, auto_renew=True)
+    assert await slow.acquire()
+    await wait_until(lambda: "extend" in backend.calls)  # its server answers late
+    quick = slow_store.lock(quick_name, ttl=0.6, auto_renew=True)
+    assert await quick.acquire()
+    await sleep(lapse(0.6))
+    # Renewed all along, though the other lock's renewal is still waiting for its server.
+    assert await quick.owned()
+    assert not await other_store.lock(quick_name, ttl=10).acquire()
+    await quick.release()
+
+
+async def test_a_renewal_that_outlives_the_lease_reports_the_loss_at_once(
+    store: AsyncStore, name: str, lapse: Callable[[float], float]
+) -> None:
+    events: list[str] = []
+    slow_store, backend = delayed(store, extend=lapse(0.9) + 1)
+
+    async def on_lost(lock: AsyncLock) -> None:
+        events.append("on_lost")
+
+    lock = slow_store.lock(name, ttl=0.9, auto_renew=True, on_lost=on_lost)
+    assert await lock.acquire()
+    await wait_until(lambda: "extend" in backend.calls)
+    await wait_until(lambda: bool(events))
+    # Reported while the renewal was still waiting for its answer, not after it.
+    assert backend.calls.count("extend") == 1 and events == ["on_lost"]
+    assert isinstance(lock.lost, LockLost)
+    assert not lock.held
+    with pytest.raises(LockLost):
+        await lock.check()
+
+
+async def test_a_slow_on_lost_callback_does_not_delay_other_renewals(
+    store: AsyncStore, other_store: AsyncStore, name: str, lapse: Callable[[float], float]
+) -> None:
+    called: list[str] = []
+
+    async def slow_callback(lock: AsyncLock) -> None:
+        called.append(lock.name)
+        await sleep(lapse(0.6) + 2)
+
+    doomed = store.lock(f"{name}-doomed", ttl=0.6, auto_renew=True, on_lost=slow_callback)
+    assert await doomed.acquire()
+    assert await other_store.force_release(f"{name}-doomed")
+    await wait_until(lambda: bool(called))
+    kept = store.lock(f"{name}-kept", ttl=0.6, auto_renew=True)
+    assert await kept.acquire()
+    await sleep(lapse(0.6))
+    assert await kept.owned()
+    await kept.release()
+
+
+async def test_extend_with_a_shorter_ttl_brings_the_next_renewal_forward(
+    store: AsyncStore, other_store: AsyncStore, name: str, lapse: Callable[[float], float]
+) -> None:
+    lost: list[AsyncLock] = []
+    lock = store.lock(name, ttl=30, auto_renew=True, on_lost=lost.append)
+    assert await lock.acquire()
+    await lock.extend(ttl=0.6)  # renewals now every 0.2 s, not every 10 s
+    await sleep(2 * lapse(0.6))
+    assert lost == []
+    assert await lock.owned()
+    assert not await other_store.lock(name, ttl=10).acquire()
+    await lock.release()
+
+
+async def test_a_renewal_in_flight_at_release_does_not_report_a_loss(
+    store: AsyncStore, name: str
+) -> None:
+    lost: list[AsyncLock] = []
+    slow_store, backend = delayed(store, extend=0.4)
+    lock = slow_store.lock(name, ttl=0.6, auto_renew=True, on_lost=lost.append)
+    assert await lock.acquire()
+    await wait_until(lambda: "extend" in backend.calls)
+    await lock.release()  # while the renewal's extend is on its way
+    await sleep(1.0)
+    assert lost == []
+    assert lock.lost is None and await store.lock_info(name) is None
+
+
+async def test_re_entering_after_a_loss_raises_it(
+    store: AsyncStore, other_store: AsyncStore, name: str, lapse: Callable[[float], float]
+) -> None:
+    lock = store.lock(name, ttl=0.3, wait=1, reentrant=True)
+    with pytest.raises(LockLost):
+        async with lock:
+            await sleep(lapse(0.3))
+            assert await other_store.lock(name, ttl=30).acquire()
+            async with lock:  # must not quietly become a brand-new acquisition
+                pytest.fail("re-entered a lock another owner holds")
+    assert not lock.held
+    info = await store.lock_info(name)
+    assert info is not None and info.owner != lock.owner
+
+
+async def test_a_shared_handle_excludes_threads_and_tasks(store: AsyncStore, name: str) -> None:
+    lock = store.lock(name, ttl=30, wait=30)
+    inside: list[str] = []
+    overlaps: list[str] = []
+
+    async def worker(label: str) -> None:
+        for _ in range(3):
+            async with lock:
+                if inside:
+                    overlaps.append(label)
+                inside.append(label)
+                await sleep(0.05)
+                inside.remove(label)
+
+    jobs = [start(worker, label) for label in "abc"]
+    for job in jobs:
+        await job.result()
+    assert overlaps == []
+    assert await store.lock_info(name) is None
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+async def test_a_shared_handle_makes_the_second_wait_or_time_out(
+    store: AsyncStore, name: str, reentrant: bool
+) -> None:
+    lock = store.lock(name, ttl=30, reentrant=reentrant)
+    assert await lock.acquire()
+    done: list[bool] = []
+
+    async def take_then_release() -> bool:
+        got = await lock.acquire(wait=30)
+        await wait_until(lambda: bool(done))
+        if got:
+            await lock.release()
+        return got
+
+    async def try_briefly() -> bool:
+        return await lock.acquire(wait=0.2)
+
+    assert await start(try_briefly).result() is False  # times out, never enters
+    waiting = start(take_then_release)
+    await sleep(0.2)
+    assert not waiting.done()
+    await lock.release()
+    await wait_until(lambda: lock.held)
+    if reentrant:
+        with pytest.raises(LockError, match="another thread or task"):
+            await lock.release()  # only its holder releases a reentrant lock
+    done.append(True)
+    assert await waiting.result() is True
+    assert await store.lock_info(name) is None
+
+
+async def test_any_thread_or_task_may_release_a_plain_handle(store: AsyncStore, name: str) -> None:
+    lock = store.lock(name, ttl=30)
+    assert await lock.acquire()
+
+    async def release() -> None:
+        await lock.release()
+
+    await start(release).result()  # as with threading.Lock
+    assert not lock.held and await store.lock_info(name) is None
+
+
+async def test_the_holder_re_enters_only_a_reentrant_handle(store: AsyncStore, name: str) -> None:
+    plain = store.lock(name, ttl=30)
+    assert await plain.acquire()
+    with pytest.raises(LockError, match="reentrant=True") as caught:
+        await plain.acquire()
+    assert "other threads and tasks still wait" in str(caught.value)
+    assert await plain.owned()
+    await plain.release()
+
+
+@pytest.mark.capability("fair")
+async def test_a_waiter_is_not_starved_by_a_holder_that_takes_it_straight_back(
+    store: AsyncStore, other_store: AsyncStore, name: str
+) -> None:
+    """The default lock lets a newcomer barge, until a waiter has waited too long."""
+    stop: list[bool] = []
+    cycles: list[int] = []
+
+    async def barge() -> None:
+        lock = store.lock(name, ttl=30)
+        while not stop:
+            if await lock.acquire(wait=5):
+                cycles.append(1)
+                await sleep(0.002)
+                await lock.release()
+
+    job = start(barge)
+    await wait_until(lambda: len(cycles) >= 3)
+    waiter = other_store.lock(name, ttl=30)
+    got = await waiter.acquire(wait=10)
+    stop.append(True)
+    if got:
+        await waiter.release()
+    await job.result()
+    assert got

@@ -1,0 +1,228 @@
+# Generated from tests/_async/test_lock_edges.py by scripts/unasync.py: do not edit.
+# Edit the asyncio flavour and run `python scripts/unasync.py`.
+"""The lock's edges: slow replies, renewals racing releases, re-entry after a loss,
+a handle shared by several threads or tasks, and waiters a barging holder would starve.
+
+Every test runs over every backend (the slowness is injected by wrapping the
+real backend, see `tests._sync.delayed`), and asserts on what happened, in
+which order, never on how long it took.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from corral import Lock, Store
+from corral.errors import LockError, LockLost
+from tests._sync.concurrency import sleep, start
+from tests._sync.delayed import delayed
+
+
+def wait_until(condition: Callable[[], bool], deadline: float = 30.0) -> None:
+    waited = 0.0
+    while not condition():
+        assert waited < deadline, "the condition never came true"
+        sleep(0.01)
+        waited += 0.01
+
+
+def test_a_slow_renewal_does_not_delay_another_locks_renewal(
+    store: Store, other_store: Store, name: str, lapse: Callable[[float], float]
+) -> None:
+    slow_name, quick_name = f"{name}-slow", f"{name}-quick"
+    slow_store, backend = delayed(store, only={slow_name}, extend=lapse(0.6) + 2)
+    slow = slow_store.lock(slow_name, ttl=3, auto_renew=True)
+    assert slow.acquire()
+    wait_until(lambda: "extend" in backend.calls)  # its server answers late
+    quick = slow_store.lock(quick_name, ttl=0.6, auto_renew=True)
+    assert quick.acquire()
+    sleep(lapse(0.6))
+    # Renewed all along, though the other lock's renewal is still waiting for its server.
+    assert quick.owned()
+    assert not other_store.lock(quick_name, ttl=10).acquire()
+    quick.release()
+
+
+def test_a_renewal_that_outlives_the_lease_reports_the_loss_at_once(
+    store: Store, name: str, lapse: Callable[[float], float]
+) -> None:
+    events: list[str] = []
+    slow_store, backend = delayed(store, extend=lapse(0.9) + 1)
+
+    def on_lost(lock: Lock) -> None:
+        events.append("on_lost")
+
+    lock = slow_store.lock(name, ttl=0.9, auto_renew=True, on_lost=on_lost)
+    assert lock.acquire()
+    wait_until(lambda: "extend" in backend.calls)
+    wait_until(lambda: bool(events))
+    # Reported while the renewal was still waiting for its answer, not after it.
+    assert backend.calls.count("extend") == 1 and events == ["on_lost"]
+    assert isinstance(lock.lost, LockLost)
+    assert not lock.held
+    with pytest.raises(LockLost):
+        lock.check()
+
+
+def test_a_slow_on_lost_callback_does_not_delay_other_renewals(
+    store: Store, other_store: Store, name: str, lapse: Callable[[float], float]
+) -> None:
+    called: list[str] = []
+
+    def slow_callback(lock: Lock) -> None:
+        called.append(lock.name)
+        sleep(lapse(0.6) + 2)
+
+    doomed = store.lock(f"{name}-doomed", ttl=0.6, auto_renew=True, on_lost=slow_callback)
+    assert doomed.acquire()
+    assert other_store.force_release(f"{name}-doomed")
+    wait_until(lambda: bool(called))
+    kept = store.lock(f"{name}-kept", ttl=0.6, auto_renew=True)
+    assert kept.acquire()
+    sleep(lapse(0.6))
+    assert kept.owned()
+    kept.release()
+
+
+def test_extend_with_a_shorter_ttl_brings_the_next_renewal_forward(
+    store: Store, other_store: Store, name: str, lapse: Callable[[float], float]
+) -> None:
+    lost: list[Lock] = []
+    lock = store.lock(name, ttl=30, auto_renew=True, on_lost=lost.append)
+    assert lock.acquire()
+    lock.extend(ttl=0.6)  # renewals now every 0.2 s, not every 10 s
+    sleep(2 * lapse(0.6))
+    assert lost == []
+    assert lock.owned()
+    assert not other_store.lock(name, ttl=10).acquire()
+    lock.release()
+
+
+def test_a_renewal_in_flight_at_release_does_not_report_a_loss(store: Store, name: str) -> None:
+    lost: list[Lock] = []
+    slow_store, backend = delayed(store, extend=0.4)
+    lock = slow_store.lock(name, ttl=0.6, auto_renew=True, on_lost=lost.append)
+    assert lock.acquire()
+    wait_until(lambda: "extend" in backend.calls)
+    lock.release()  # while the renewal's extend is on its way
+    sleep(1.0)
+    assert lost == []
+    assert lock.lost is None and store.lock_info(name) is None
+
+
+def test_re_entering_after_a_loss_raises_it(
+    store: Store, other_store: Store, name: str, lapse: Callable[[float], float]
+) -> None:
+    lock = store.lock(name, ttl=0.3, wait=1, reentrant=True)
+    with pytest.raises(LockLost):
+        with lock:
+            sleep(lapse(0.3))
+            assert other_store.lock(name, ttl=30).acquire()
+            with lock:  # must not quietly become a brand-new acquisition
+                pytest.fail("re-entered a lock another owner holds")
+    assert not lock.held
+    info = store.lock_info(name)
+    assert info is not None and info.owner != lock.owner
+
+
+def test_a_shared_handle_excludes_threads_and_tasks(store: Store, name: str) -> None:
+    lock = store.lock(name, ttl=30, wait=30)
+    inside: list[str] = []
+    overlaps: list[str] = []
+
+    def worker(label: str) -> None:
+        for _ in range(3):
+            with lock:
+                if inside:
+                    overlaps.append(label)
+                inside.append(label)
+                sleep(0.05)
+                inside.remove(label)
+
+    jobs = [start(worker, label) for label in "abc"]
+    for job in jobs:
+        job.result()
+    assert overlaps == []
+    assert store.lock_info(name) is None
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_shared_handle_makes_the_second_wait_or_time_out(
+    store: Store, name: str, reentrant: bool
+) -> None:
+    lock = store.lock(name, ttl=30, reentrant=reentrant)
+    assert lock.acquire()
+    done: list[bool] = []
+
+    def take_then_release() -> bool:
+        got = lock.acquire(wait=30)
+        wait_until(lambda: bool(done))
+        if got:
+            lock.release()
+        return got
+
+    def try_briefly() -> bool:
+        return lock.acquire(wait=0.2)
+
+    assert start(try_briefly).result() is False  # times out, never enters
+    waiting = start(take_then_release)
+    sleep(0.2)
+    assert not waiting.done()
+    lock.release()
+    wait_until(lambda: lock.held)
+    if reentrant:
+        with pytest.raises(LockError, match="another thread or task"):
+            lock.release()  # only its holder releases a reentrant lock
+    done.append(True)
+    assert waiting.result() is True
+    assert store.lock_info(name) is None
+
+
+def test_any_thread_or_task_may_release_a_plain_handle(store: Store, name: str) -> None:
+    lock = store.lock(name, ttl=30)
+    assert lock.acquire()
+
+    def release() -> None:
+        lock.release()
+
+    start(release).result()  # as with threading.Lock
+    assert not lock.held and store.lock_info(name) is None
+
+
+def test_the_holder_re_enters_only_a_reentrant_handle(store: Store, name: str) -> None:
+    plain = store.lock(name, ttl=30)
+    assert plain.acquire()
+    with pytest.raises(LockError, match="reentrant=True") as caught:
+        plain.acquire()
+    assert "other threads and tasks still wait" in str(caught.value)
+    assert plain.owned()
+    plain.release()
+
+
+@pytest.mark.capability("fair")
+def test_a_waiter_is_not_starved_by_a_holder_that_takes_it_straight_back(
+    store: Store, other_store: Store, name: str
+) -> None:
+    """The default lock lets a newcomer barge, until a waiter has waited too long."""
+    stop: list[bool] = []
+    cycles: list[int] = []
+
+    def barge() -> None:
+        lock = store.lock(name, ttl=30)
+        while not stop:
+            if lock.acquire(wait=5):
+                cycles.append(1)
+                sleep(0.002)
+                lock.release()
+
+    job = start(barge)
+    wait_until(lambda: len(cycles) >= 3)
+    waiter = other_store.lock(name, ttl=30)
+    got = waiter.acquire(wait=10)
+    stop.append(True)
+    if got:
+        waiter.release()
+    job.result()
+    assert got
