@@ -5,13 +5,117 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
+import threading
 import time
 
 import pytest
 
 import corral
 import corral.aio
+from corral._sync import renewer as sync_renewer
 from corral.errors import LockError
+from tests._async.delayed import delayed
+
+
+async def eventually_free(store: corral.aio.AsyncStore, name: str, deadline: float = 20.0) -> bool:
+    for _ in range(int(deadline / 0.05)):
+        if await store.lock_info(name) is None:
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+async def test_a_cancellation_after_the_grant_takes_the_lock_back(
+    backend_url: str, name: str
+) -> None:
+    """Granted, then cancelled while leaving the wake-up subscription (Redis: UNSUBSCRIBE):
+    the caller never learns it holds the lock, so corral must give it back."""
+    async with corral.aio.connect(backend_url) as store:
+        slow, backend = delayed(store, leave=0.5)
+        holder = store.lock(name, ttl=30)
+        assert await holder.acquire()
+        victim = slow.lock(name, ttl=30, wait=20, auto_renew=True)
+
+        async def job() -> None:
+            async with victim:
+                pytest.fail("entered the block")
+
+        task = asyncio.create_task(job())
+        await asyncio.sleep(0.3)
+        await holder.release()
+        for _ in range(400):  # until the grant is in and the subscription is being left
+            if "leave" in backend.calls:
+                break
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not victim.held
+        assert await eventually_free(store, name)
+        assert await store.lock(name, ttl=5).acquire()
+
+
+async def test_the_take_back_of_a_cancelled_attempt_never_overtakes_it(
+    backend_url: str, name: str
+) -> None:
+    """The attempt is on the wire when its caller is cancelled; the server acts on it later.
+    Taking it back at once would find nothing and leave an owner nobody knows holding it."""
+    async with corral.aio.connect(backend_url) as store:
+        slow, _ = delayed(store, wire=0.5)
+        victim = slow.lock(name, ttl=30)
+        task = asyncio.create_task(victim.acquire())
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.6)  # the attempt has landed by now
+        assert await eventually_free(store, name)
+        assert not victim.held
+
+
+@pytest.mark.capability("cross_process")
+def test_a_child_forked_while_threads_were_inside_corral_does_not_hang(
+    backend_url: str, name: str
+) -> None:
+    with corral.connect(backend_url) as store:
+        holder = store.lock(name, ttl=30, auto_renew=True)
+        assert holder.acquire()
+        waiting = threading.Thread(target=lambda: store.lock(name, ttl=30).acquire(wait=30))
+        waiting.start()
+        time.sleep(0.3)
+        # Mutexes some thread of the parent may hold at the instant of a fork; holding
+        # them on purpose makes the test independent of luck.
+        held = [
+            store.backend.local_bus._mutex,
+            sync_renewer._REGISTRY_MUTEX,
+            store.metrics.locks._mutex,
+        ]
+        for mutex in held:
+            mutex.acquire()
+        try:
+            pid = os.fork()
+            if pid == 0:  # the child: report through the exit status only
+                code = 0
+                try:
+                    signal.alarm(20)  # a hang ends the child with SIGALRM
+                    own = store.lock(name + "-child", ttl=1, auto_renew=True)
+                    if not own.acquire(wait=5):
+                        code = 3
+                    if store.lock(name, ttl=5).acquire(wait=0.3):
+                        code = 4  # the parent holds it
+                    own.release()
+                except BaseException:
+                    code = 5
+                os._exit(code)
+        finally:
+            for mutex in held:
+                mutex.release()
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        holder.release()
+        waiting.join(30)
+        assert not waiting.is_alive()
 
 
 async def test_cancelled_waiter_leaves_nothing_behind(backend_url: str, name: str) -> None:

@@ -27,3 +27,8 @@ def start(func: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> Job:
 
 async def sleep(seconds: float) -> None:
     await asyncio.sleep(seconds)
+
+
+async def on_the_wire(call: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+    """Run `call()` as a request already sent: cancelling the caller does not stop it."""
+    return await asyncio.shield(asyncio.ensure_future(call()))

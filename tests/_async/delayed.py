@@ -6,19 +6,22 @@ the delay is the only thing that is not real.
 
 from __future__ import annotations
 
+from types import TracebackType
 from typing import Any
 
 from corral._async.backends.base import AsyncBackend, AsyncWaiter
 from corral.aio import AsyncStore
 from corral.core.primitives import Attempt, LockInfo, Outcome
-from tests._async.concurrency import sleep
+from tests._async.concurrency import on_the_wire, sleep
 
 
 class DelayedBackend(AsyncBackend):
     """Delegates every primitive to `inner`, sleeping first where `delays` says so.
 
     `delays` maps a primitive's name to seconds; `only` (if given) limits the
-    delays to calls whose lock name is in it.
+    delays to calls whose lock name is in it. Two more: `wire` delays an attempt
+    after it was sent (cancelling the caller does not stop it: the server will
+    still act on it), and `leave` delays leaving a wake-up subscription.
     """
 
     def __init__(
@@ -44,7 +47,12 @@ class DelayedBackend(AsyncBackend):
 
     async def try_acquire(self, name: str, owner: str, ttl: float, **options: Any) -> Attempt:
         await self._delay("try_acquire", name)
-        return await self.inner.try_acquire(name, owner, ttl, **options)
+
+        async def sent() -> Attempt:
+            await self._delay("wire", name)
+            return await self.inner.try_acquire(name, owner, ttl, **options)
+
+        return await on_the_wire(sent)  # type: ignore[no-any-return]
 
     async def release(self, name: str, owner: str, hold_for: float = 0.0) -> Outcome:
         await self._delay("release", name)
@@ -65,10 +73,38 @@ class DelayedBackend(AsyncBackend):
         await self.inner.leave_queue(name, owner)
 
     def waiter(self, name: str) -> AsyncWaiter:
-        return self.inner.waiter(name)
+        return SlowLeavingWaiter(self, self.inner.waiter(name))
 
     async def aclose(self) -> None:
         """The inner backend belongs to its own store, which closes it."""
+
+
+class SlowLeavingWaiter(AsyncWaiter):
+    """The inner backend's waiter, slow to leave when `leave` is delayed."""
+
+    def __init__(self, backend: DelayedBackend, inner: AsyncWaiter) -> None:
+        self.backend = backend
+        self.inner = inner
+
+    def for_owner(self, owner: str) -> AsyncWaiter:
+        self.inner.for_owner(owner)
+        return self
+
+    async def __aenter__(self) -> AsyncWaiter:
+        await self.inner.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.backend._delay("leave", self.inner._name)
+        await self.inner.__aexit__(exc_type, exc, tb)
+
+    async def wait(self, timeout: float) -> bool:
+        return await self.inner.wait(timeout)
 
 
 def delayed(

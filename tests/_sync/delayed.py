@@ -8,19 +8,22 @@ the delay is the only thing that is not real.
 
 from __future__ import annotations
 
+from types import TracebackType
 from typing import Any
 
 from corral import Store
 from corral._sync.backends.base import Backend, Waiter
 from corral.core.primitives import Attempt, LockInfo, Outcome
-from tests._sync.concurrency import sleep
+from tests._sync.concurrency import on_the_wire, sleep
 
 
 class DelayedBackend(Backend):
     """Delegates every primitive to `inner`, sleeping first where `delays` says so.
 
     `delays` maps a primitive's name to seconds; `only` (if given) limits the
-    delays to calls whose lock name is in it.
+    delays to calls whose lock name is in it. Two more: `wire` delays an attempt
+    after it was sent (cancelling the caller does not stop it: the server will
+    still act on it), and `leave` delays leaving a wake-up subscription.
     """
 
     def __init__(
@@ -46,7 +49,12 @@ class DelayedBackend(Backend):
 
     def try_acquire(self, name: str, owner: str, ttl: float, **options: Any) -> Attempt:
         self._delay("try_acquire", name)
-        return self.inner.try_acquire(name, owner, ttl, **options)
+
+        def sent() -> Attempt:
+            self._delay("wire", name)
+            return self.inner.try_acquire(name, owner, ttl, **options)
+
+        return on_the_wire(sent)  # type: ignore[no-any-return]
 
     def release(self, name: str, owner: str, hold_for: float = 0.0) -> Outcome:
         self._delay("release", name)
@@ -67,10 +75,38 @@ class DelayedBackend(Backend):
         self.inner.leave_queue(name, owner)
 
     def waiter(self, name: str) -> Waiter:
-        return self.inner.waiter(name)
+        return SlowLeavingWaiter(self, self.inner.waiter(name))
 
     def close(self) -> None:
         """The inner backend belongs to its own store, which closes it."""
+
+
+class SlowLeavingWaiter(Waiter):
+    """The inner backend's waiter, slow to leave when `leave` is delayed."""
+
+    def __init__(self, backend: DelayedBackend, inner: Waiter) -> None:
+        self.backend = backend
+        self.inner = inner
+
+    def for_owner(self, owner: str) -> Waiter:
+        self.inner.for_owner(owner)
+        return self
+
+    def __enter__(self) -> Waiter:
+        self.inner.__enter__()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.backend._delay("leave", self.inner._name)
+        self.inner.__exit__(exc_type, exc, tb)
+
+    def wait(self, timeout: float) -> bool:
+        return self.inner.wait(timeout)
 
 
 def delayed(

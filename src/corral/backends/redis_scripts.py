@@ -17,6 +17,7 @@ on for 3.2 to 4).
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 from corral.errors import ConfigError
@@ -47,7 +48,7 @@ class LockKeys(NamedTuple):
     lock: str
     """`"<token>:<owner>"` with a PX TTL; `"<token>:"` while closed by `hold_for`."""
     fence: str
-    """The last fencing token handed out; never expires, so tokens never repeat."""
+    """The last fencing token handed out, kept as long as the lock's TTL (see ACQUIRE)."""
     queue: str
     """Fair waiters, scored by arrival number (a ZSET keeps them in order)."""
     queue_expiry: str
@@ -56,11 +57,16 @@ class LockKeys(NamedTuple):
     """Pub/sub channel announcing that the lock became free."""
 
 
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
 def _tag(name: str) -> str:
     # Redis hashes the text between the first "{" and the next "}"; an escaped name
     # can hold neither, so every key of one lock hashes the same non-empty tag, and
-    # escaping "%" first keeps distinct names distinct.
-    return name.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+    # escaping "%" first keeps distinct names distinct. A lone surrogate (a valid
+    # `str`, but no UTF-8) is escaped too, so every name can be sent.
+    escaped = name.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+    return _SURROGATES.sub(lambda m: f"%u{ord(m.group()):04X}", escaped)
 
 
 def lock_keys(prefix: str, name: str) -> LockKeys:
@@ -90,23 +96,34 @@ def check_prefix(prefix: object) -> str:
 
 
 # KEYS: lock, fence, queue, queue_expiry
-# ARGV: owner, ttl (ms), queue ttl (ms, or "" for an unfair lock)
+# ARGV: owner, ttl (ms), queue ttl (ms, or "" for an attempt outside the queue)
 # Returns {1, token} when acquired; else {0, the holder's PTTL in ms, or -2 when the
-# lock is free but another fair waiter is ahead}.
+# lock is free but another waiter is ahead in the queue}.
 #
-# The token is the stored counter plus one, but never less than the server time in
-# microseconds: a counter lost with a restart (no persistence) or a failover (async
-# replication) would otherwise start again below tokens already handed out.
+# Every attempt respects the queue: a free lock goes to the queue's live head, never
+# to an attempt from outside it (that is what keeps the default lock from starving a
+# waiter that joined the queue). Expired places are dropped first, so a dead waiter
+# holds the queue up only until its place expires.
+#
+# The token is the last one plus one, but never less than the server time in
+# microseconds. The last one is kept only as long as the lock's TTL: afterwards the
+# server's clock alone keeps tokens increasing, so a name used once leaves nothing
+# behind. (It also covers a counter lost with a restart or a failover.)
 ACQUIRE = """
 if redis.replicate_commands then redis.replicate_commands() end
 local owner, ttl, queue_ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl ~= -2 and not queue_ttl then return {0, pttl} end
 local time = redis.call('TIME')
-if queue_ttl then
-  local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local function purge()
   for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)) do
     redis.call('ZREM', KEYS[3], gone)
     redis.call('ZREM', KEYS[4], gone)
   end
+end
+if queue_ttl then
+  purge()
   if not redis.call('ZSCORE', KEYS[3], owner) then
     local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
     local arrival = 1
@@ -117,11 +134,18 @@ if queue_ttl then
   for _, key in ipairs({KEYS[3], KEYS[4]}) do
     if redis.call('PTTL', key) < queue_ttl then redis.call('PEXPIRE', key, queue_ttl) end
   end
+  if pttl ~= -2 then return {0, pttl} end
 end
-local pttl = redis.call('PTTL', KEYS[1])
-if pttl ~= -2 then return {0, pttl} end
-if queue_ttl then
-  if redis.call('ZRANGE', KEYS[3], 0, 0)[1] ~= owner then return {0, -2} end
+local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+if head and not queue_ttl then
+  local expires = tonumber(redis.call('ZSCORE', KEYS[4], head))
+  if not expires or expires <= now then
+    purge()
+    head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+  end
+end
+if head then
+  if head ~= owner then return {0, -2} end
   redis.call('ZREM', KEYS[3], owner)
   redis.call('ZREM', KEYS[4], owner)
 end
@@ -129,7 +153,7 @@ local token = math.max(
   (tonumber(redis.call('GET', KEYS[2])) or 0) + 1,
   tonumber(time[1]) * 1000000 + tonumber(time[2]))
 token = string.format('%d', token)
-redis.call('SET', KEYS[2], token)
+redis.call('SET', KEYS[2], token, 'PX', ttl)
 redis.call('SET', KEYS[1], token .. ':' .. owner, 'PX', ttl)
 return {1, tonumber(token)}
 """

@@ -8,13 +8,13 @@ operations under that lock: atomic by construction.
 from __future__ import annotations
 
 import heapq
-import threading
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from corral._async.backends.base import AsyncBackend
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock, SystemClock
+from corral.core.forks import ProcessLock
 from corral.core.options import merge_options
 from corral.core.primitives import Attempt, LockInfo, Outcome
 
@@ -42,13 +42,15 @@ class AsyncMemoryBackend(AsyncBackend):
         on_server_restart="not applicable: the store lives in the process",
         on_partition="not applicable: one process",
         on_memory_pressure="never evicted",
+        fencing_tokens="one counter for the whole store, in the process: 1, 2, 3...",
+        state_per_name="nothing: expired locks and queue places are dropped as time passes",
     )
 
     def __init__(self, *, clock: Clock | None = None, name: str = "") -> None:
         super().__init__()
         self._clock = clock or SystemClock()
         self._name = name
-        self._mutex = threading.Lock()
+        self._mutex = ProcessLock()
         self._locks: dict[str, _Entry] = {}
         # One counter for every name: tokens strictly increase per name, and a name
         # used once leaves nothing behind.

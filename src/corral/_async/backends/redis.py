@@ -22,10 +22,9 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import threading
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlunsplit
 
 from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
 from redis.asyncio.client import PubSub
@@ -48,6 +47,8 @@ from corral.backends import redis_scripts as scripts
 from corral.backends.registry import redact
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock
+from corral.core.forks import ProcessLock
+from corral.core.options import Option, merge_options
 from corral.core.primitives import Attempt, LockInfo, Outcome
 from corral.core.validate import check_timeout
 from corral.errors import BackendError, BackendUnavailable, ConfigError
@@ -63,7 +64,7 @@ HEAD = scripts.HEAD_PREFIX
 WAIT_SHARE = 0.8
 
 _SSL_OPTIONS = frozenset({"ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs"})
-_OPTIONS = frozenset({"prefix", "timeout", "max_connections"}) | _SSL_OPTIONS
+_CERT_REQS = ("required", "optional", "none")
 
 _OUTCOMES = {1: Outcome.OK, 0: Outcome.EXPIRED, -1: Outcome.LOST}
 
@@ -76,6 +77,8 @@ def _ms(seconds: float) -> int:
 def _check_max_connections(value: object) -> int | None:
     if value is None:
         return None
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"max_connections must be an integer >= 1 or None, got {value!r}")
     return value
@@ -112,7 +115,7 @@ class AsyncReleaseFeed:
         # Orders the (un)subscribe commands on the wire, matching their numbers.
         self._send_lock = Lock()
         # Guards the tables; a thread lock in both flavours, never held across I/O.
-        self._mutex = threading.Lock()
+        self._mutex = ProcessLock()
         self._channels: dict[str, _Channel] = {}
         self._sent = 0
         self._answered = 0
@@ -314,6 +317,17 @@ class AsyncRedisBackend(AsyncBackend):
             "volatile-* policies pick them too, volatile-ttl first); use noeviction, where "
             "a full Redis refuses new locks instead"
         ),
+        fencing_tokens=(
+            "the Redis server's clock in microseconds (`TIME`), or the name's last token + 1 "
+            "while that is kept (for the lock's TTL), whichever is larger; they keep "
+            "increasing across restarts and failovers, unless the server's wall clock is set "
+            "back by more than the time since the name was last acquired"
+        ),
+        state_per_name=(
+            "nothing: the lock key goes at release (or when its TTL or hold_for ends), the "
+            "last token is kept only for the lock's TTL, and a queue's keys expire with their "
+            "last place"
+        ),
     )
 
     def __init__(
@@ -338,33 +352,67 @@ class AsyncRedisBackend(AsyncBackend):
         self._inspect = self._client.register_script(scripts.INSPECT)
         self._force_release = self._client.register_script(scripts.FORCE_RELEASE)
         self._leave_queue = self._client.register_script(scripts.LEAVE_QUEUE)
-        self._feed_mutex = threading.Lock()
+        self._feed_mutex = ProcessLock()
         self._feed: AsyncReleaseFeed | None = None
+
+    url_options = (
+        Option(
+            "prefix", f"`{scripts.DEFAULT_PREFIX}`", "first part of every key corral writes", "app"
+        ),
+        Option(
+            "timeout", f"{DEFAULT_TIMEOUT:g}", "seconds for connecting and for each reply", "2.5"
+        ),
+        Option(
+            "max_connections",
+            "unbounded",
+            "connections in the pool; beyond it, callers wait for one (up to `timeout`)",
+            "8",
+        ),
+        Option("username", "from the URL", "ACL user (or put `user:password@` in the URL)"),
+        Option("password", "from the URL", "AUTH password (never shown in messages or logs)"),
+        Option("ssl_ca_certs", "system CAs", "`rediss://` only: CA file to verify the server"),
+        Option("ssl_certfile", "none", "`rediss://` only: client certificate file"),
+        Option("ssl_keyfile", "none", "`rediss://` only: client key file"),
+        Option(
+            "ssl_cert_reqs",
+            "`required`",
+            "`rediss://` only: `required`, `optional` or `none` (no verification)",
+        ),
+    )
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock, **options: Any) -> AsyncRedisBackend:
-        """Open a backend on `url`; the clock is unused, as the server's clock decides expiry."""
-        unknown = sorted(set(options) - _OPTIONS)
-        if unknown:
-            raise ConfigError(
-                f"{redact(url)}: unknown option(s) {', '.join(unknown)}; "
-                f"the redis backend takes {', '.join(sorted(_OPTIONS))}"
-            )
-        scheme = urlsplit(url).scheme.lower()
-        ssl = {key: options[key] for key in _SSL_OPTIONS & set(options)}
+        """Open a backend on `url`; the clock is unused, as the server's clock decides expiry.
+
+        corral's options come out of the query before redis-py sees the URL, so
+        redis-py never gets (nor crashes on) an option it does not know.
+        """
+        shown = redact(url)
+        base, _, query = url.partition("?")
+        given, _ = merge_options(shown, query, options, cls.url_options, backend="redis")
+        scheme = base.partition("://")[0].lower()
+        ssl = {key: given[key] for key in _SSL_OPTIONS & set(given)}
         if ssl and scheme != "rediss":
+            raise ConfigError(f"{shown}: {', '.join(sorted(ssl))} need(s) a rediss:// URL (TLS)")
+        if "ssl_cert_reqs" in ssl and ssl["ssl_cert_reqs"] not in _CERT_REQS:
             raise ConfigError(
-                f"{redact(url)}: {', '.join(sorted(ssl))} need(s) a rediss:// URL (TLS)"
+                f"{shown}: ssl_cert_reqs must be one of {', '.join(_CERT_REQS)}, "
+                f"got {ssl['ssl_cert_reqs']!r}"
             )
-        prefix = scripts.check_prefix(options.get("prefix", scripts.DEFAULT_PREFIX))
-        timeout = check_timeout(options.get("timeout", DEFAULT_TIMEOUT), redact(url))
-        max_connections = _check_max_connections(options.get("max_connections"))
+        prefix = scripts.check_prefix(given.get("prefix", scripts.DEFAULT_PREFIX))
+        timeout = check_timeout(given.get("timeout", DEFAULT_TIMEOUT), shown)
+        max_connections = _check_max_connections(given.get("max_connections"))
+        credentials: dict[str, Any] = {
+            key: str(given[key]) for key in ("username", "password") if key in given
+        }
         common: dict[str, Any] = {
             "socket_timeout": timeout,
             "socket_connect_timeout": timeout,
             "decode_responses": True,
             **ssl,
+            **credentials,
         }
+        url = base
         try:
             if max_connections is None:
                 # No retries: a call fails within `timeout` instead of several times it,
@@ -385,17 +433,19 @@ class AsyncRedisBackend(AsyncBackend):
                 url, retry=Retry(NoBackoff(), 0, supported_errors=()), **common
             )
         except (ValueError, TypeError) as exc:
-            raise ConfigError(f"{redact(url)}: not a valid Redis URL ({exc})") from exc
+            # redis-py's message may quote the URL: show neither it nor its chain.
+            raise ConfigError(
+                f"{shown}: not a valid Redis URL ({redact(str(exc))}); expected "
+                "redis://[user:password@]host:port/db"
+            ) from None
         params = pool.connection_kwargs
         host = str(params.get("host", "localhost"))
         netloc = f"[{host}]" if ":" in host else host
         netloc = f"{netloc}:{params.get('port', 6379)}"
-        parts = urlsplit(url)
-        if parts.password:
-            netloc = f"{parts.username or ''}:{parts.password}@{netloc}"
-        elif parts.username:
-            netloc = f"{parts.username}@{netloc}"
-        server = redact(urlunsplit((scheme, netloc, f"/{params.get('db', 0)}", "", "")))
+        user = params.get("username")
+        if user:
+            netloc = f"{user}@{netloc}"
+        server = urlunsplit((scheme, netloc, f"/{params.get('db', 0)}", "", ""))
         return cls(
             pool=pool, pubsub_pool=pubsub_pool, server=server, prefix=prefix, timeout=timeout
         )

@@ -11,12 +11,12 @@ once, for every backend.
 from __future__ import annotations
 
 import abc
-import threading
 from types import TracebackType
 from typing import ClassVar, Protocol
 
 from corral._sync._compat import Event
 from corral.core.capabilities import Capabilities
+from corral.core.forks import ProcessLock
 from corral.core.options import Option
 from corral.core.primitives import Attempt, LockInfo, Outcome
 from corral.errors import BackendError, ConfigError
@@ -140,7 +140,7 @@ class LocalBus:
 
     def __init__(self) -> None:
         # A thread lock in both flavours: the critical sections never await.
-        self._mutex = threading.Lock()
+        self._mutex = ProcessLock()
         self._waiters: dict[str, set[Event]] = {}
 
     def add(self, name: str, event: Event) -> None:
