@@ -1,6 +1,8 @@
 """corral: distributed locks and stampede-proof caching over the servers you already run."""
 
-from corral._sync.lock import Lock
+import logging
+
+from corral._sync.lock import Acquisition, Lock
 from corral._sync.store import Store, connect
 from corral.core.capabilities import Capabilities
 from corral.core.primitives import LockInfo
@@ -19,7 +21,12 @@ from corral.errors import (
 
 __version__ = "0.1.0"
 
+# A library says what happened through logging and lets the application decide where
+# it goes: without this, Python's last-resort handler prints warnings on stderr.
+logging.getLogger("corral").addHandler(logging.NullHandler())
+
 __all__ = [
+    "Acquisition",
     "BackendError",
     "BackendUnavailable",
     "Capabilities",

@@ -1,6 +1,39 @@
 """corral for asyncio: the same names as `corral`, awaitable."""
 
-from corral._async.lock import AsyncLock
+from corral import (
+    BackendError,
+    BackendUnavailable,
+    Capabilities,
+    ConfigError,
+    CorralError,
+    LockError,
+    LockExpired,
+    LockInfo,
+    LockLost,
+    LockTimeout,
+    SerializationError,
+    SourceUnavailable,
+    __version__,
+)
+from corral._async.lock import AsyncAcquisition, AsyncLock
 from corral._async.store import AsyncStore, connect
 
-__all__ = ["AsyncLock", "AsyncStore", "connect"]
+__all__ = [
+    "AsyncAcquisition",
+    "AsyncLock",
+    "AsyncStore",
+    "BackendError",
+    "BackendUnavailable",
+    "Capabilities",
+    "ConfigError",
+    "CorralError",
+    "LockError",
+    "LockExpired",
+    "LockInfo",
+    "LockLost",
+    "LockTimeout",
+    "SerializationError",
+    "SourceUnavailable",
+    "__version__",
+    "connect",
+]
