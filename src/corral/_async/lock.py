@@ -17,7 +17,6 @@ interrupted where: see `acquire` for cancellation, `release` for clean-up.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -35,6 +34,7 @@ from corral._async._compat import (
     undo_if_interrupted,
 )
 from corral._async.renewer import renewer
+from corral.core import forks
 from corral.core.forks import ProcessLock
 from corral.core.lockflow import (
     STARVE_AFTER,
@@ -140,7 +140,7 @@ class AsyncLock:
         # Guards `_held` against two threads releasing at once; never held across I/O.
         self._state = ProcessLock()
         self._gate = Gate()
-        self._gate_pid = os.getpid()
+        self._gate_pid = forks.pid()
 
     def __repr__(self) -> str:
         state = "held" if self.held else "not held"
@@ -181,7 +181,7 @@ class AsyncLock:
 
     def _mine(self) -> _Held | None:
         held = self._held
-        if held is None or held.pid != os.getpid():
+        if held is None or held.pid != forks.pid():
             return None  # after fork, the child does not own its parent's locks
         return held
 
@@ -191,11 +191,11 @@ class AsyncLock:
 
     def _gate_here(self) -> Gate:
         # A forked child starts with the gate open: the parent's holder is not there.
-        if self._gate_pid != os.getpid():
+        if self._gate_pid != forks.pid():
             with self._state:
-                if self._gate_pid != os.getpid():
+                if self._gate_pid != forks.pid():
                     self._gate = Gate()
-                    self._gate_pid = os.getpid()
+                    self._gate_pid = forks.pid()
         return self._gate
 
     # -- acquire ----------------------------------------------------------------
@@ -285,6 +285,7 @@ class AsyncLock:
                     if plan.should_queue(now):
                         queue_ttl = FAIR_QUEUE_TTL
                         plan.queue(refresh_every=FAIR_QUEUE_TTL / 3)
+                        waiter.for_owner(owner)
                         continue  # join the queue now, not after another wait
                     delay = plan.next_wait(now, attempt)
                     if delay is None:
@@ -366,7 +367,7 @@ class AsyncLock:
         held = _Held(
             owner=owner,
             token=attempt.token,
-            pid=os.getpid(),
+            pid=forks.pid(),
             holder=me,
             # Timed from before the request that won was sent: it can only under-estimate
             # the server's expiry.
@@ -382,10 +383,11 @@ class AsyncLock:
                 "replication, or lower replicas=)"
             )
         self._held = held
-        self._stats.add("acquisitions")
-        if contended:
-            self._stats.add("contended")
-        self._stats.observe("wait_seconds", now - started)
+        self._stats.record(
+            ("acquisitions", "contended") if contended else ("acquisitions",),
+            "wait_seconds",
+            now - started,
+        )
         if self.auto_renew:
             renewer().register(self)
         return True
@@ -430,7 +432,7 @@ class AsyncLock:
         # handle believing it holds; the server's TTL frees the lock anyway.
         if not self._forget(held):
             raise LockError(f"cannot release lock {self.name!r}: it was released already")
-        self._stats.observe("hold_seconds", self.clock_now() - held.granted_at)
+        self._stats.record((), "hold_seconds", self.clock_now() - held.granted_at)
 
         async def release() -> Outcome:
             return await self._backend.release(self.name, held.owner, hold)

@@ -19,7 +19,6 @@ interrupted where: see `acquire` for cancellation, `release` for clean-up.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -37,6 +36,7 @@ from corral._sync._compat import (
     undo_if_interrupted,
 )
 from corral._sync.renewer import renewer
+from corral.core import forks
 from corral.core.forks import ProcessLock
 from corral.core.lockflow import (
     STARVE_AFTER,
@@ -142,7 +142,7 @@ class Lock:
         # Guards `_held` against two threads releasing at once; never held across I/O.
         self._state = ProcessLock()
         self._gate = Gate()
-        self._gate_pid = os.getpid()
+        self._gate_pid = forks.pid()
 
     def __repr__(self) -> str:
         state = "held" if self.held else "not held"
@@ -183,7 +183,7 @@ class Lock:
 
     def _mine(self) -> _Held | None:
         held = self._held
-        if held is None or held.pid != os.getpid():
+        if held is None or held.pid != forks.pid():
             return None  # after fork, the child does not own its parent's locks
         return held
 
@@ -193,11 +193,11 @@ class Lock:
 
     def _gate_here(self) -> Gate:
         # A forked child starts with the gate open: the parent's holder is not there.
-        if self._gate_pid != os.getpid():
+        if self._gate_pid != forks.pid():
             with self._state:
-                if self._gate_pid != os.getpid():
+                if self._gate_pid != forks.pid():
                     self._gate = Gate()
-                    self._gate_pid = os.getpid()
+                    self._gate_pid = forks.pid()
         return self._gate
 
     # -- acquire ----------------------------------------------------------------
@@ -283,6 +283,7 @@ class Lock:
                     if plan.should_queue(now):
                         queue_ttl = FAIR_QUEUE_TTL
                         plan.queue(refresh_every=FAIR_QUEUE_TTL / 3)
+                        waiter.for_owner(owner)
                         continue  # join the queue now, not after another wait
                     delay = plan.next_wait(now, attempt)
                     if delay is None:
@@ -362,7 +363,7 @@ class Lock:
         held = _Held(
             owner=owner,
             token=attempt.token,
-            pid=os.getpid(),
+            pid=forks.pid(),
             holder=me,
             # Timed from before the request that won was sent: it can only under-estimate
             # the server's expiry.
@@ -378,10 +379,11 @@ class Lock:
                 "replication, or lower replicas=)"
             )
         self._held = held
-        self._stats.add("acquisitions")
-        if contended:
-            self._stats.add("contended")
-        self._stats.observe("wait_seconds", now - started)
+        self._stats.record(
+            ("acquisitions", "contended") if contended else ("acquisitions",),
+            "wait_seconds",
+            now - started,
+        )
         if self.auto_renew:
             renewer().register(self)
         return True
@@ -426,7 +428,7 @@ class Lock:
         # handle believing it holds; the server's TTL frees the lock anyway.
         if not self._forget(held):
             raise LockError(f"cannot release lock {self.name!r}: it was released already")
-        self._stats.observe("hold_seconds", self.clock_now() - held.granted_at)
+        self._stats.record((), "hold_seconds", self.clock_now() - held.granted_at)
 
         def release() -> Outcome:
             return self._backend.release(self.name, held.owner, hold)

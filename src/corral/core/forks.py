@@ -15,16 +15,25 @@ import os
 import threading
 from types import TracebackType
 
-__all__ = ["ProcessLock"]
+__all__ = ["ProcessLock", "pid"]
 
 # Serialises replacements; itself replaced right after each fork, while the child
 # still has a single thread.
 _REPLACING = threading.Lock()
+# This process's id, kept here because `os.getpid()` is a system call and the
+# lock's hot path asks many times per acquisition.
+_PID = os.getpid()
+
+
+def pid() -> int:
+    """`os.getpid()`, without the system call."""
+    return _PID
 
 
 def _after_fork_in_child() -> None:
-    global _REPLACING
+    global _REPLACING, _PID
     _REPLACING = threading.Lock()
+    _PID = os.getpid()
 
 
 if hasattr(os, "register_at_fork"):
@@ -38,14 +47,14 @@ class ProcessLock:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pid = os.getpid()
+        self._pid = _PID
 
     def _here(self) -> threading.Lock:
-        if self._pid != os.getpid():
+        if self._pid != _PID:
             with _REPLACING:
-                if self._pid != os.getpid():
+                if self._pid != _PID:
                     self._lock = threading.Lock()
-                    self._pid = os.getpid()
+                    self._pid = _PID
         return self._lock
 
     def acquire(self, timeout: float | None = None) -> bool:
@@ -64,7 +73,10 @@ class ProcessLock:
         return self._here().locked()
 
     def __enter__(self) -> ProcessLock:
-        self._here().acquire()
+        if self._pid == _PID:
+            self._lock.acquire()
+        else:
+            self._here().acquire()
         return self
 
     def __exit__(

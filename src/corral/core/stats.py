@@ -98,6 +98,13 @@ class Metrics:
         with self._mutex:
             self._histograms[histogram].observe(value)
 
+    def record(self, counters: tuple[str, ...], histogram: str, value: float) -> None:
+        """Add one to each of `counters` and observe `value`, under one lock."""
+        with self._mutex:
+            for counter in counters:
+                self._counters[counter] += 1
+            self._histograms[histogram].observe(value)
+
     def snapshot(self) -> dict[str, Any]:
         with self._mutex:
             shot: dict[str, Any] = dict(self._counters)

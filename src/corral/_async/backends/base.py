@@ -39,9 +39,17 @@ class AsyncWaiter:
         self.owner: str | None = None
 
     def for_owner(self, owner: str) -> AsyncWaiter:
-        """Wait as this owner of a fair lock: a backend may then wake only the queue's head."""
+        """Wait as this owner, queued for the lock: a backend may then wake only the queue's head.
+
+        May be called before or after entering (a waiter that has waited too long
+        joins the queue while subscribed).
+        """
         self.owner = owner
+        self._owner_changed()
         return self
+
+    def _owner_changed(self) -> None:
+        """A subscribed waiter now waits as `self.owner`; backends that route by owner update."""
 
     async def __aenter__(self) -> AsyncWaiter:
         self._bus.add(self._name, self._event)
@@ -154,6 +162,8 @@ class LocalBus:
                     del self._waiters[name]
 
     def notify(self, name: str) -> None:
+        if not self._waiters:
+            return  # nobody in this process waits for anything: no need to lock
         with self._mutex:
             events = list(self._waiters.get(name, ()))
         for event in events:

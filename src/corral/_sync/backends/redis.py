@@ -173,6 +173,13 @@ class ReleaseFeed:
             self.leave(channel, event)
             raise
 
+    def retarget(self, channel: str, event: Event, owner: str | None) -> None:
+        """The waiter behind `event` now waits as `owner` (it joined the lock's queue)."""
+        with self._mutex:
+            entry = self._channels.get(channel)
+            if entry is not None and event in entry.events:
+                entry.events[event] = owner
+
     def leave(self, channel: str, event: Event) -> None:
         """Undo one `join`; the last waiter of a channel unsubscribes."""
         with self._send_lock:
@@ -241,10 +248,13 @@ class ReleaseFeed:
                         if isinstance(data, str) and data.startswith(HEAD)
                         else None
                     )
+                    # A release naming the queue's head wakes only that waiter: nobody
+                    # else may take the lock before it, so waking them is a herd of
+                    # attempts bound to fail. They still re-check on their own timers.
                     ready.extend(
                         event
                         for event, owner in entry.events.items()
-                        if head is None or owner is None or owner == head
+                        if head is None or owner == head
                     )
         for event in ready:
             event.set()
@@ -289,6 +299,11 @@ class RedisWaiter(SubscribingWaiter):
     def _leave(self, feed: Feed) -> None:
         assert isinstance(feed, ReleaseFeed)
         feed.leave(self._channel, self._event)
+
+    def _owner_changed(self) -> None:
+        feed = self._feed
+        if isinstance(feed, ReleaseFeed):
+            feed.retarget(self._channel, self._event, self.owner)
 
 
 class RedisBackend(Backend):
