@@ -36,6 +36,12 @@ def env(tmp_path: Path, url: str) -> dict[str, str]:
     return environ
 
 
+@pytest.fixture
+def default_env(env: dict[str, str]) -> dict[str, str]:
+    """No CORRAL_URL: the embedded default, in a cache directory under the test's."""
+    return {k: v for k, v in env.items() if k != "CORRAL_URL"}
+
+
 Corral = Callable[..., subprocess.CompletedProcess[str]]
 Start = Callable[..., "subprocess.Popen[str]"]
 
@@ -718,3 +724,181 @@ def test_a_file_that_cannot_be_executed_gives_126(corral: Corral, tmp_path: Path
     assert result.returncode == 126
     assert "cannot execute" in result.stderr and "Traceback" not in result.stderr
     assert status(corral, "job")["held"] is False
+
+
+# -- flock(1)'s conveniences for cron ---------------------------------------------------
+
+
+@pytest.fixture
+def busy(start: Start, tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
+    """'job' held by another corral until the test ends."""
+    ready = tmp_path / "held"
+    holder = start("run", "job", "--", *python(SLEEPER), str(ready))
+    wait_for(ready, holder)
+    yield holder
+    holder.send_signal(signal.SIGTERM)
+    finish(holder)
+
+
+@pytest.mark.usefixtures("busy")
+def test_conflict_exit_code_chooses_the_busy_status(corral: Corral) -> None:
+    assert corral("run", "job", "-E", "0", "--", "true").returncode == 0
+    assert corral("run", "job", "--conflict-exit-code", "3", "--", "true").returncode == 3
+    waited = corral("run", "job", "-E", "4", "--wait", "0.2", "--", "true")
+    assert waited.returncode == 4 and "within 0.2 s" in waited.stderr
+    refused = corral("run", "job", "-E", "256", "--", "true")
+    assert refused.returncode == 2 and "0 to 255" in refused.stderr
+
+
+@pytest.mark.usefixtures("busy")
+def test_quiet_losers_say_nothing_but_errors_still_print(corral: Corral, tmp_path: Path) -> None:
+    ran = tmp_path / "ran"
+    quiet = corral("run", "job", "-q", "--", "touch", str(ran))
+    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (75, "", "")
+    assert not ran.exists()
+    unavailable = corral("run", "job", "--quiet", "--url", "redis://127.0.0.1:1/0", "--", "true")
+    assert unavailable.returncode == 69 and "127.0.0.1:1" in unavailable.stderr
+    assert corral("run", "job", "-q", "-v", "--", "true").returncode == 2
+
+
+def test_verbose_names_the_store_and_the_token_it_got(
+    corral: Corral, tmp_path: Path, url: str
+) -> None:
+    out = tmp_path / "token"
+    code = "import os, sys; open(sys.argv[1], 'w').write(os.environ['CORRAL_LOCK_TOKEN'])"
+    result = corral("run", "job", "-v", "--", *python(code), str(out))
+    assert result.returncode == 0, result.stderr
+    token = out.read_text()
+    assert f"store {url} (from CORRAL_URL)" in result.stderr
+    assert f"acquired lock 'job' on {url}: fencing token {token}," in result.stderr
+    assert "released lock 'job'" in result.stderr
+
+
+def test_verbose_says_the_embedded_default_is_local(
+    corral: Corral, default_env: dict[str, str], tmp_path: Path
+) -> None:
+    result = corral("run", "job", "--verbose", "--", "true", environ=default_env)
+    assert result.returncode == 0, result.stderr
+    assert f"sqlite:///{tmp_path / 'cache' / 'corral' / 'corral.db'}" in result.stderr
+    assert "embedded default" in result.stderr and "this machine" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def redis_with_password(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from corral.testing import servers
+    from tests.conftest import server_missing
+
+    try:
+        server = servers.start_redis(tmp_path_factory.mktemp("redis-auth"), password="cli-s3cret")
+    except servers.ServerUnavailable as exc:
+        server_missing(str(exc))
+        raise
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+def test_the_store_is_named_without_its_password(
+    corral: Corral, start: Start, tmp_path: Path, redis_with_password: str
+) -> None:
+    url = redis_with_password
+    ready = tmp_path / "ready"
+    holder = start("run", "job", "-v", "--url", url, "--", *python(SLEEPER), str(ready))
+    wait_for(ready, holder)
+    busy = corral("run", "job", "--url", url, "--", "true")
+    holder.send_signal(signal.SIGTERM)
+    _, holder_err = finish(holder)
+    assert "cli-s3cret" not in holder_err + busy.stderr
+    assert "***@" in holder_err and "(from --url)" in holder_err
+    assert busy.returncode == 75
+    assert "`corral status job --url" in busy.stderr and "***" in busy.stderr
+    assert "password" in busy.stderr  # says to put it back
+
+
+# -- memory:// excludes nothing across processes ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args", [("run", "job", "--", "touch"), ("status", "job"), ("release", "job", "--force")]
+)
+def test_memory_store_is_refused(
+    corral: Corral, env: dict[str, str], tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    ran = tmp_path / "ran"
+    words = [*args, str(ran)] if args[0] == "run" else list(args)
+    given = corral(*words[:2], "--url", "memory://", *words[2:])
+    from_env = corral(*words, environ={**env, "CORRAL_URL": "memory://"})
+    for result in (given, from_env):
+        assert result.returncode == 2, result.stderr
+        assert "memory://" in result.stderr and "exclude nothing" in result.stderr
+        assert "Traceback" not in result.stderr and result.stdout == ""
+    assert "(from CORRAL_URL)" in from_env.stderr
+    assert not ran.exists()
+
+
+# -- the busy message names the store ----------------------------------------------------
+
+
+@pytest.mark.backend("sqlite", "redis")
+def test_busy_message_points_at_the_same_store(
+    corral: Corral, start: Start, tmp_path: Path, store_url: str, name: str
+) -> None:
+    ready = tmp_path / "ready"
+    holder = start("run", name, "--url", store_url, "--", *python(SLEEPER), str(ready))
+    wait_for(ready, holder)
+    busy = corral("run", name, "--url", store_url, "--", "true")
+    holder.send_signal(signal.SIGTERM)
+    finish(holder)
+    assert busy.returncode == 75
+    assert f"`corral status {name} --url {store_url}`" in busy.stderr
+
+
+def test_busy_message_on_the_default_store_needs_no_url(
+    corral: Corral, start: Start, default_env: dict[str, str], tmp_path: Path
+) -> None:
+    ready = tmp_path / "ready"
+    holder = start("run", "my job", "--", *python(SLEEPER), str(ready), environ=default_env)
+    wait_for(ready, holder)
+    busy = corral("run", "my job", "--", "true", environ=default_env)
+    holder.send_signal(signal.SIGTERM)
+    finish(holder)
+    assert busy.returncode == 75
+    assert "see `corral status 'my job'`" in busy.stderr  # quoted for the shell, no --url
+
+
+def test_busy_message_says_when_nobody_holds_it_but_hold_for_keeps_it_closed(
+    corral: Corral, url: str
+) -> None:
+    assert corral("run", "job", "--hold-for", "30", "--", "true").returncode == 0
+    busy = corral("run", "job", "--", "true")
+    assert busy.returncode == 75
+    assert "nobody holds it" in busy.stderr and "hold_for" in busy.stderr
+    assert f"--url {url}" in busy.stderr  # CORRAL_URL is not the default either
+    assert corral("release", "job", "--force").returncode == 0
+
+
+# -- status creates nothing ----------------------------------------------------------------
+
+
+def _inspect_creates_directories(probe: Path) -> bool:
+    import corral as library
+
+    with library.connect(f"sqlite:///{probe}/x.db") as store:
+        store.lock_info("x")
+    return probe.exists()
+
+
+def test_status_creates_no_directory(
+    corral: Corral, default_env: dict[str, str], tmp_path: Path
+) -> None:
+    if _inspect_creates_directories(tmp_path / "probe" / "dir"):
+        pytest.xfail("the SQLite backend's inspect still creates the file and its directory")
+    missing = tmp_path / "missing"
+    result = corral("status", "x", "--url", f"sqlite:///{missing}/dir/x.db")
+    assert result.returncode == 0, result.stderr
+    assert "not held" in result.stdout
+    assert not missing.exists()
+    default = corral("status", "x", environ=default_env)
+    assert default.returncode == 0, default.stderr
+    assert not (tmp_path / "cache").exists()

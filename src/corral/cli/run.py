@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import signal
 import threading
 import time
@@ -33,9 +34,12 @@ from corral.cli._common import (
     EX_TEMPFAIL,
     EX_UNAVAILABLE,
     CliError,
+    Target,
     add_url_argument,
+    choose_store,
     describe_info,
     one_line,
+    open_store,
     say,
 )
 from corral.cli._process import CommandGroup, StartError, launch
@@ -66,11 +70,12 @@ EPILOG = f"""\
 exit status:
   N    the command's own exit status (a command killed by signal N: 128+N)
 {COMMON_STATUSES}
-       (2 also for --limit N > 1, not available yet)
+       (2 also for --limit N > 1, not available yet, and for memory:// URLs)
   70   the lock was lost while the command ran (force-released, or its TTL ran
        out while corral was stopped or cut off): the command's process group got
        SIGTERM, then SIGKILL after --grace seconds
   75   the lock was not acquired within --wait: another process holds it
+       (-E/--conflict-exit-code N chooses another status)
   126  the command could not be executed
   127  the command was not found
   128+N  corral got signal N before the command started
@@ -95,6 +100,13 @@ def _wait_seconds(text: str) -> float:
     if text.strip().lower() in {"forever", "none"}:
         return float("inf")
     return float(text)
+
+
+def _exit_status(text: str) -> int:
+    status = int(text)
+    if not 0 <= status <= 255:
+        raise argparse.ArgumentTypeError(f"an exit status is 0 to 255, not {status}")
+    return status
 
 
 def add_parser(subparsers: Any) -> None:
@@ -146,6 +158,29 @@ def add_parser(subparsers: Any) -> None:
         default=1,
         metavar="N",
         help="up to N holders at once (a semaphore); only 1 is available yet",
+    )
+    parser.add_argument(
+        "-E",
+        "--conflict-exit-code",
+        type=_exit_status,
+        default=EX_TEMPFAIL,
+        metavar="N",
+        help=f"exit status when the lock is busy (not acquired within --wait) "
+        f"(default: {EX_TEMPFAIL}, as flock(1)'s -E)",
+    )
+    talk = parser.add_mutually_exclusive_group()
+    talk.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="say nothing when the lock is busy (errors are still printed): for cron, "
+        "which mails any output",
+    )
+    talk.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="say on stderr which store is used, and the lock and fencing token acquired",
     )
     parser.set_defaults(handler=run, takes_command=True)
 
@@ -377,7 +412,7 @@ def _release_quietly(lock: corral.Lock) -> None:
         lock.release()
 
 
-def _not_acquired(store: corral.Store, name: str, wait: float | None) -> str:
+def _not_acquired(store: corral.Store, target: Target, name: str, wait: float | None) -> str:
     waited = "at once (--wait 0)" if wait == 0 else f"within {wait or float('inf'):g} s"
     try:
         info = store.lock_info(name)
@@ -385,7 +420,10 @@ def _not_acquired(store: corral.Store, name: str, wait: float | None) -> str:
         holder = f"holder unknown ({one_line(str(exc))})"
     else:
         holder = "it was busy but is free now; try again" if info is None else describe_info(info)
-    return f"lock {name!r} on {store.server} not acquired {waited}: {holder}"
+    return (
+        f"lock {name!r} on {target.shown} not acquired {waited}: {holder}; "
+        f"see {target.command('status', name)}"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -407,11 +445,14 @@ def run(args: argparse.Namespace) -> int:
             f"`corral run {args.name} -- CMD [ARG...]`",
             EX_CONFIG,
         )
-    with corral.connect(args.url) as store:
+    target = choose_store(args.url)
+    with open_store(target) as store:
+        if args.verbose:
+            say(f"store {target.describe()}")
         supervisor = _Supervisor(store, args.name, grace)
         previous = _install(supervisor.interrupt)
         try:
-            return _run(store, supervisor, args, ttl, wait, hold_for, command)
+            return _run(store, target, supervisor, args, ttl, wait, hold_for, command)
         except _Interrupted as exc:
             return 128 + exc.signum
         finally:
@@ -420,6 +461,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(
     store: corral.Store,
+    target: Target,
     supervisor: _Supervisor,
     args: argparse.Namespace,
     ttl: float,
@@ -441,8 +483,9 @@ def _run(
         raise
     try:
         if not acquired:
-            say(_not_acquired(store, name, wait))
-            return EX_TEMPFAIL
+            if not args.quiet:
+                say(_not_acquired(store, target, name, wait))
+            return int(args.conflict_exit_code)
         return _hold(store, supervisor, lock, args, ttl, hold_for, command)
     finally:
         _restore(suspend)
@@ -459,6 +502,12 @@ def _hold(
 ) -> int:
     name: str = args.name
     token = lock.token
+    if args.verbose:
+        say(
+            f"acquired lock {name!r} on {store.server}: fencing token {token}, owner "
+            f"{lock.owner}, ttl {ttl:g} s renewed every {ttl / 3:.3g} s; running "
+            f"{shlex.join(command)}"
+        )
     env = {**os.environ, "CORRAL_LOCK_NAME": name, "CORRAL_LOCK_TOKEN": str(token)}
     started = supervisor.start(command, env)
     if isinstance(started, int):
@@ -487,4 +536,7 @@ def _hold(
             f"{exc}; the lock frees itself within {ttl:g} s (its TTL)"
         )
         return EX_UNAVAILABLE
+    if args.verbose:
+        kept = f", kept closed {hold_for:g} s more (--hold-for)" if hold_for else ""
+        say(f"the command exited with status {status}; released lock {name!r}{kept}")
     return status
