@@ -2,7 +2,8 @@
 
 Only an executable in its own process shows what scripts see: exit statuses,
 signals, the environment of the command, stderr. Waits use generous timeouts
-and files the child writes, never timing thresholds.
+and files the child writes, never timing thresholds. Where the store matters
+(hints naming it, a lost lock, corral's death) tests also run on Redis.
 """
 
 from __future__ import annotations
@@ -35,16 +36,24 @@ def env(tmp_path: Path, url: str) -> dict[str, str]:
     return environ
 
 
+@pytest.fixture
+def default_env(env: dict[str, str]) -> dict[str, str]:
+    """No CORRAL_URL: the embedded default, in a cache directory under the test's."""
+    return {k: v for k, v in env.items() if k != "CORRAL_URL"}
+
+
 Corral = Callable[..., subprocess.CompletedProcess[str]]
 Start = Callable[..., "subprocess.Popen[str]"]
 
 
 @pytest.fixture
 def corral(env: dict[str, str]) -> Corral:
-    def invoke(*args: str) -> subprocess.CompletedProcess[str]:
+    def invoke(
+        *args: str, environ: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "corral", *args],
-            env=env,
+            env=env if environ is None else environ,
             capture_output=True,
             text=True,
             timeout=TIMEOUT,
@@ -58,10 +67,10 @@ def start(env: dict[str, str]) -> Iterator[Start]:
     """A `corral` in the background, in its own session so no terminal signal reaches it."""
     started: list[subprocess.Popen[str]] = []
 
-    def spawn(*args: str) -> subprocess.Popen[str]:
+    def spawn(*args: str, environ: dict[str, str] | None = None) -> subprocess.Popen[str]:
         proc = subprocess.Popen(
             [sys.executable, "-m", "corral", *args],
-            env=env,
+            env=env if environ is None else environ,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -106,12 +115,42 @@ def status(corral: Corral, name: str) -> dict[str, object]:
     return found
 
 
-def dead(pid: int) -> bool:
+def running(pid: int) -> bool:
+    """Whether `pid` still runs code: a zombie waiting for init to reap it does not."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel, which counts zombies as alive
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
         return True
-    return False
+    return stat.rpartition(b")")[2].split()[0] not in (b"Z", b"X")
+
+
+def dead(pid: int) -> bool:
+    return not running(pid)
+
+
+def wait_gone(*pids: int) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        if not any(running(pid) for pid in pids):
+            return
+        time.sleep(0.02)
+    pytest.fail(f"still running after {TIMEOUT} s: {[p for p in pids if running(p)]}")
+
+
+@pytest.fixture
+def leftovers() -> Iterator[list[int]]:
+    """Pids a test expects gone; whatever still runs at the end is killed, pass or fail."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        if running(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
 # A command that writes its pid and lock environment, then runs until stopped or
@@ -348,32 +387,15 @@ def test_version_help_and_python_m(corral: Corral) -> None:
         assert status_code in helped.stdout
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs a Linux pty")
-def test_ctrl_c_at_a_terminal_reaches_the_command_once(
-    corral: Corral, env: dict[str, str], tmp_path: Path
-) -> None:
-    """The terminal signals the command itself; corral must not send a second SIGINT."""
+def at_a_terminal(argv: list[str], env: dict[str, str], keys: bytes) -> tuple[int, bytes]:
+    """Run `argv` as the foreground job of a new terminal; type `keys` once it prints READY."""
     import pty
     import select
 
-    count = tmp_path / "count"
-    code = f"""
-import signal, sys, time
-seen = []
-signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
-print("READY", flush=True)
-deadline = time.monotonic() + 20
-while not seen and time.monotonic() < deadline:
-    time.sleep(0.01)
-time.sleep(0.5)  # a forwarded duplicate would land in here
-open({str(count)!r}, "w").write(str(len(seen)))
-sys.exit(7)
-"""
-    argv = [sys.executable, "-m", "corral", "run", "job", "--", *python(code)]
     pid, fd = pty.fork()
     if pid == 0:  # pragma: no cover - the child execs at once
         try:
-            os.execve(sys.executable, argv, env)
+            os.execve(argv[0], argv, env)
         finally:
             os._exit(127)
     output = b""
@@ -384,7 +406,7 @@ sys.exit(7)
             if select.select([fd], [], [], 1.0)[0]:
                 output += os.read(fd, 1024)
         assert b"READY" in output, output
-        os.write(fd, b"\x03")  # Ctrl-C: the terminal sends SIGINT to its foreground group
+        os.write(fd, keys)
         while True:
             if not select.select([fd], [], [], TIMEOUT)[0]:
                 break
@@ -401,6 +423,482 @@ sys.exit(7)
         if wait_status is None:  # a failed assertion above: do not leave it running
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(wait_status) == 7, output
+    return os.waitstatus_to_exitcode(wait_status), output
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs a Linux pty")
+def test_ctrl_c_at_a_terminal_reaches_the_command_once(
+    corral: Corral, env: dict[str, str], tmp_path: Path
+) -> None:
+    """The command has a session of its own: the terminal signals corral, which passes it on."""
+    count = tmp_path / "count"
+    code = f"""
+import signal, sys, time
+seen = []
+signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
+print("READY", flush=True)
+deadline = time.monotonic() + 20
+while not seen and time.monotonic() < deadline:
+    time.sleep(0.01)
+time.sleep(0.5)  # a forwarded duplicate would land in here
+open({str(count)!r}, "w").write(str(len(seen)))
+sys.exit(7)
+"""
+    argv = [sys.executable, "-m", "corral", "run", "job", "--", *python(code)]
+    # Ctrl-C: the terminal sends SIGINT to its foreground group.
+    returncode, output = at_a_terminal(argv, env, b"\x03")
+    assert returncode == 7, output
     assert count.read_text() == "1"
     assert status(corral, "job")["held"] is False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs a Linux pty")
+def test_the_command_can_read_what_is_typed_at_the_terminal(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """In a group of its own but the same session, a read would stop it (SIGTTIN) for good."""
+    out = tmp_path / "typed"
+    code = f"print('READY', flush=True); open({str(out)!r}, 'w').write(input())"
+    argv = [sys.executable, "-m", "corral", "run", "job", "--", *python(code)]
+    returncode, output = at_a_terminal(argv, env, b"hello\n")
+    assert returncode == 0, output
+    assert out.read_text() == "hello"
+
+
+# -- the command's process group -------------------------------------------------------
+
+# A shell whose work runs in a child (as `sh -c 'a; b'` or make do): it writes its own
+# pid and its child's to $1, waits, and would then touch $1.after.
+GROUP = 'sleep 1000 & echo "$$ $!" > "$1.tmp" && mv "$1.tmp" "$1"; wait; touch "$1.after"'
+# The same, with a child that ignores SIGTERM.
+STUBBORN_GROUP = (
+    '(trap "" TERM; exec sleep 1000) & echo "$$ $!" > "$1.tmp" && mv "$1.tmp" "$1"; wait'
+)
+
+
+def group_pids(path: Path, proc: subprocess.Popen[str], leftovers: list[int]) -> tuple[int, int]:
+    shell, child = (int(word) for word in wait_for(path, proc).split())
+    leftovers += [shell, child]
+    return shell, child
+
+
+@pytest.fixture
+def store_url(backend_url: str) -> str:
+    """The SQLite file or the Redis server, for tests where the store makes a difference."""
+    return backend_url
+
+
+@pytest.mark.backend("sqlite", "redis")
+def test_a_lost_lock_stops_the_whole_process_group(
+    corral: Corral, start: Start, tmp_path: Path, store_url: str, name: str, leftovers: list[int]
+) -> None:
+    """`sh -c 'a; b'`: `a` must not work on without the lock, and `b` must never start."""
+    pids = tmp_path / "pids"
+    runner = start(
+        "run", name, "--url", store_url, "--ttl", "1.5", "--", "sh", "-c", GROUP, "sh", str(pids)
+    )
+    shell, child = group_pids(pids, runner, leftovers)
+
+    assert corral("release", name, "--force", "--url", store_url).returncode == 0
+    returncode, err = finish(runner)
+    assert returncode == 70, err
+    assert "process group" in err
+    wait_gone(shell, child)
+    assert not (tmp_path / "pids.after").exists()
+
+
+def test_a_child_ignoring_sigterm_is_killed_after_the_grace(
+    corral: Corral, start: Start, tmp_path: Path, leftovers: list[int]
+) -> None:
+    pids = tmp_path / "pids"
+    runner = start(
+        "run",
+        "job",
+        "--ttl",
+        "1.5",
+        "--grace",
+        "0.5",
+        "--",
+        "sh",
+        "-c",
+        STUBBORN_GROUP,
+        "sh",
+        str(pids),
+    )
+    shell, child = group_pids(pids, runner, leftovers)
+    assert corral("release", "job", "--force").returncode == 0
+    returncode, err = finish(runner)
+    assert returncode == 70, err
+    # corral exits only once the whole group is gone, SIGKILLed child included.
+    assert dead(shell) and dead(child)
+
+
+def test_a_forwarded_sigterm_reaches_the_whole_group(
+    corral: Corral, start: Start, tmp_path: Path, leftovers: list[int]
+) -> None:
+    pids = tmp_path / "pids"
+    runner = start("run", "job", "--", "sh", "-c", GROUP, "sh", str(pids))
+    shell, child = group_pids(pids, runner, leftovers)
+    runner.send_signal(signal.SIGTERM)
+    returncode, err = finish(runner)
+    assert returncode == 128 + signal.SIGTERM, err  # the shell, killed by the forwarded signal
+    assert dead(shell) and dead(child)
+    assert status(corral, "job")["held"] is False
+
+
+# Left running by its shell, it reports whether the lock is still held when it is told to stop.
+LINGERER = """
+import os, signal, sys, time
+import corral
+url, name, out = sys.argv[1:4]
+def stop(signum, frame):
+    with corral.connect(url) as store:
+        info = store.lock_info(name)
+    with open(out + ".tmp", "w") as f:
+        f.write("held\\n" if info is not None else "free\\n")
+    os.replace(out + ".tmp", out)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+open(out + ".ready", "w").close()
+time.sleep(60)
+"""
+
+
+def test_processes_left_in_the_group_are_stopped_before_the_release(
+    corral: Corral, tmp_path: Path, url: str
+) -> None:
+    out = tmp_path / "seen"
+    script = f'"$0" -c "$1" {url} job {out} & while [ ! -e {out}.ready ]; do sleep 0.02; done'
+    result = corral("run", "job", "--", "sh", "-c", script, sys.executable, LINGERER)
+    assert result.returncode == 0, result.stderr
+    assert "left processes running in its process group" in result.stderr
+    assert out.read_text() == "held\n"  # still held while they were being stopped
+    assert status(corral, "job")["held"] is False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.backend("sqlite", "redis")
+def test_the_command_and_its_children_die_with_corral(
+    corral: Corral, start: Start, tmp_path: Path, store_url: str, name: str, leftovers: list[int]
+) -> None:
+    """SIGKILL (or the OOM killer) gives corral no chance to clean up; the group goes anyway."""
+    pids = tmp_path / "pids"
+    runner = start("run", name, "--url", store_url, "--", "sh", "-c", GROUP, "sh", str(pids))
+    shell, child = group_pids(pids, runner, leftovers)
+    runner.kill()
+    _, err = finish(runner)
+    wait_gone(shell, child)
+    assert "died while its command ran" in err
+    # Nobody released it: it stays held until its TTL runs out, but nothing runs under it.
+    found = json.loads(corral("status", name, "--json", "--url", store_url).stdout)
+    assert found["held"] is True
+    assert corral("release", name, "--force", "--url", store_url).returncode == 0
+
+
+def launcher_of(corral_pid: int) -> int:
+    """The watcher `corral run` leaves beside its command."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (
+            len(argv) > 4
+            and argv[3].endswith(b"_launch.py")
+            and argv[4] == str(corral_pid).encode()
+        ):
+            return int(entry.name)
+    pytest.fail(f"no watcher for corral {corral_pid}")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_on_linux_the_command_dies_with_corral_even_without_its_watcher(
+    start: Start, tmp_path: Path, leftovers: list[int]
+) -> None:
+    """The kernel's death signal reaches the command itself; the watcher, its children."""
+    pids = tmp_path / "pids"
+    runner = start("run", "job", "--", "sh", "-c", GROUP, "sh", str(pids))
+    shell, child = group_pids(pids, runner, leftovers)
+    watcher = launcher_of(runner.pid)
+    os.kill(watcher, signal.SIGKILL)
+    wait_gone(watcher)
+    runner.kill()
+    runner.wait(TIMEOUT)
+    wait_gone(shell)
+    assert running(child)  # as docs/cli.md says: the death signal reaches the command alone
+    os.kill(child, signal.SIGKILL)  # it holds corral's stderr open
+    finish(runner)
+
+
+def test_the_launcher_never_starts_a_command_whose_corral_is_gone(tmp_path: Path) -> None:
+    """The death signal is only armed for a living parent: a corral that died first is caught."""
+    import socket
+
+    from corral.cli import _process
+
+    ran = tmp_path / "ran"
+    ours, theirs = socket.socketpair()
+    errors_read, errors_write = os.pipe()
+    not_the_parent = os.getpid() + 1_000_000  # no such process is our child's parent
+    with ours:
+        proc = subprocess.Popen(
+            [
+                *(sys.executable, "-I", "-S", str(_process.LAUNCHER), str(not_the_parent)),
+                *(str(theirs.fileno()), str(errors_write), "--", "touch", str(ran)),
+            ],
+            pass_fds=(theirs.fileno(), errors_write),
+            start_new_session=True,
+        )
+        theirs.close()
+        os.close(errors_write)
+        assert proc.wait(timeout=TIMEOUT) == -signal.SIGKILL
+        os.close(errors_read)
+        ours.sendall(_process.DONE)
+    assert not ran.exists()
+
+
+def test_the_command_starts_with_the_signal_dispositions_corral_was_given(
+    corral: Corral, env: dict[str, str]
+) -> None:
+    """Python ignores SIGPIPE for itself; the command must not inherit that. `nohup` must hold."""
+    if not Path("/proc/self/status").exists():
+        pytest.skip("reads /proc")
+
+    def ignored(result: subprocess.CompletedProcess[str]) -> int:
+        assert result.returncode == 0, result.stderr
+        line = next(x for x in result.stdout.splitlines() if x.startswith("SigIgn:"))
+        return int(line.split()[1], 16)
+
+    plain = ignored(corral("run", "job", "--", "cat", "/proc/self/status"))
+    assert not plain & (1 << (signal.SIGPIPE - 1))
+    assert not plain & (1 << (signal.SIGHUP - 1))
+    nohup = subprocess.run(
+        [
+            *("sh", "-c", 'trap "" HUP; exec "$@"', "sh", sys.executable, "-m", "corral"),
+            *("run", "job", "--", "cat", "/proc/self/status"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert ignored(nohup) & (1 << (signal.SIGHUP - 1))
+
+
+def process_state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_bytes().rpartition(b")")[2].split()[0].decode()
+
+
+def wait_state(states: str, *pids: int) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        if all(process_state(pid) in states for pid in pids):
+            return
+        time.sleep(0.02)
+    pytest.fail(f"not in state {states!r}: {[(p, process_state(p)) for p in pids]}")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ctrl_z_stops_the_group_with_corral_and_fg_continues_both(
+    corral: Corral, start: Start, tmp_path: Path, leftovers: list[int]
+) -> None:
+    """A stopped corral renews nothing: its command must not work on meanwhile."""
+    pids = tmp_path / "pids"
+    runner = start("run", "job", "--", "sh", "-c", GROUP, "sh", str(pids))
+    shell, child = group_pids(pids, runner, leftovers)
+    runner.send_signal(signal.SIGTSTP)
+    wait_state("T", runner.pid, shell, child)
+    runner.send_signal(signal.SIGCONT)
+    wait_state("SR", runner.pid, shell, child)
+    runner.send_signal(signal.SIGTERM)
+    returncode, err = finish(runner)
+    assert returncode == 128 + signal.SIGTERM, err
+
+
+def test_a_file_that_cannot_be_executed_gives_126(corral: Corral, tmp_path: Path) -> None:
+    script = tmp_path / "script"
+    script.write_text("#!/bin/sh\nexit 0\n")  # not executable
+    result = corral("run", "job", "--", str(script))
+    assert result.returncode == 126
+    assert "cannot execute" in result.stderr and "Traceback" not in result.stderr
+    assert status(corral, "job")["held"] is False
+
+
+# -- flock(1)'s conveniences for cron ---------------------------------------------------
+
+
+@pytest.fixture
+def busy(start: Start, tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
+    """'job' held by another corral until the test ends."""
+    ready = tmp_path / "held"
+    holder = start("run", "job", "--", *python(SLEEPER), str(ready))
+    wait_for(ready, holder)
+    yield holder
+    holder.send_signal(signal.SIGTERM)
+    finish(holder)
+
+
+@pytest.mark.usefixtures("busy")
+def test_conflict_exit_code_chooses_the_busy_status(corral: Corral) -> None:
+    assert corral("run", "job", "-E", "0", "--", "true").returncode == 0
+    assert corral("run", "job", "--conflict-exit-code", "3", "--", "true").returncode == 3
+    waited = corral("run", "job", "-E", "4", "--wait", "0.2", "--", "true")
+    assert waited.returncode == 4 and "within 0.2 s" in waited.stderr
+    refused = corral("run", "job", "-E", "256", "--", "true")
+    assert refused.returncode == 2 and "0 to 255" in refused.stderr
+
+
+@pytest.mark.usefixtures("busy")
+def test_quiet_losers_say_nothing_but_errors_still_print(corral: Corral, tmp_path: Path) -> None:
+    ran = tmp_path / "ran"
+    quiet = corral("run", "job", "-q", "--", "touch", str(ran))
+    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (75, "", "")
+    assert not ran.exists()
+    unavailable = corral("run", "job", "--quiet", "--url", "redis://127.0.0.1:1/0", "--", "true")
+    assert unavailable.returncode == 69 and "127.0.0.1:1" in unavailable.stderr
+    assert corral("run", "job", "-q", "-v", "--", "true").returncode == 2
+
+
+def test_verbose_names_the_store_and_the_token_it_got(
+    corral: Corral, tmp_path: Path, url: str
+) -> None:
+    out = tmp_path / "token"
+    code = "import os, sys; open(sys.argv[1], 'w').write(os.environ['CORRAL_LOCK_TOKEN'])"
+    result = corral("run", "job", "-v", "--", *python(code), str(out))
+    assert result.returncode == 0, result.stderr
+    token = out.read_text()
+    assert f"store {url} (from CORRAL_URL)" in result.stderr
+    assert f"acquired lock 'job' on {url}: fencing token {token}," in result.stderr
+    assert "released lock 'job'" in result.stderr
+
+
+def test_verbose_says_the_embedded_default_is_local(
+    corral: Corral, default_env: dict[str, str], tmp_path: Path
+) -> None:
+    result = corral("run", "job", "--verbose", "--", "true", environ=default_env)
+    assert result.returncode == 0, result.stderr
+    assert f"sqlite:///{tmp_path / 'cache' / 'corral' / 'corral.db'}" in result.stderr
+    assert "embedded default" in result.stderr and "this machine" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def redis_with_password(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from corral.testing import servers
+    from tests.conftest import server_missing
+
+    try:
+        server = servers.start_redis(tmp_path_factory.mktemp("redis-auth"), password="cli-s3cret")
+    except servers.ServerUnavailable as exc:
+        server_missing(str(exc))
+        raise
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+def test_the_store_is_named_without_its_password(
+    corral: Corral, start: Start, tmp_path: Path, redis_with_password: str
+) -> None:
+    url = redis_with_password
+    ready = tmp_path / "ready"
+    holder = start("run", "job", "-v", "--url", url, "--", *python(SLEEPER), str(ready))
+    wait_for(ready, holder)
+    busy = corral("run", "job", "--url", url, "--", "true")
+    holder.send_signal(signal.SIGTERM)
+    _, holder_err = finish(holder)
+    assert "cli-s3cret" not in holder_err + busy.stderr
+    assert "***@" in holder_err and "(from --url)" in holder_err
+    assert busy.returncode == 75
+    assert "`corral status job --url" in busy.stderr and "***" in busy.stderr
+    assert "password" in busy.stderr  # says to put it back
+
+
+# -- memory:// excludes nothing across processes ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args", [("run", "job", "--", "touch"), ("status", "job"), ("release", "job", "--force")]
+)
+def test_memory_store_is_refused(
+    corral: Corral, env: dict[str, str], tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    ran = tmp_path / "ran"
+    words = [*args, str(ran)] if args[0] == "run" else list(args)
+    given = corral(*words[:2], "--url", "memory://", *words[2:])
+    from_env = corral(*words, environ={**env, "CORRAL_URL": "memory://"})
+    for result in (given, from_env):
+        assert result.returncode == 2, result.stderr
+        assert "memory://" in result.stderr and "exclude nothing" in result.stderr
+        assert "Traceback" not in result.stderr and result.stdout == ""
+    assert "(from CORRAL_URL)" in from_env.stderr
+    assert not ran.exists()
+
+
+# -- the busy message names the store ----------------------------------------------------
+
+
+@pytest.mark.backend("sqlite", "redis")
+def test_busy_message_points_at_the_same_store(
+    corral: Corral, start: Start, tmp_path: Path, store_url: str, name: str
+) -> None:
+    ready = tmp_path / "ready"
+    holder = start("run", name, "--url", store_url, "--", *python(SLEEPER), str(ready))
+    wait_for(ready, holder)
+    busy = corral("run", name, "--url", store_url, "--", "true")
+    holder.send_signal(signal.SIGTERM)
+    finish(holder)
+    assert busy.returncode == 75
+    assert f"`corral status {name} --url {store_url}`" in busy.stderr
+
+
+def test_busy_message_on_the_default_store_needs_no_url(
+    corral: Corral, start: Start, default_env: dict[str, str], tmp_path: Path
+) -> None:
+    ready = tmp_path / "ready"
+    holder = start("run", "my job", "--", *python(SLEEPER), str(ready), environ=default_env)
+    wait_for(ready, holder)
+    busy = corral("run", "my job", "--", "true", environ=default_env)
+    holder.send_signal(signal.SIGTERM)
+    finish(holder)
+    assert busy.returncode == 75
+    assert "see `corral status 'my job'`" in busy.stderr  # quoted for the shell, no --url
+
+
+def test_busy_message_says_when_nobody_holds_it_but_hold_for_keeps_it_closed(
+    corral: Corral, url: str
+) -> None:
+    assert corral("run", "job", "--hold-for", "30", "--", "true").returncode == 0
+    busy = corral("run", "job", "--", "true")
+    assert busy.returncode == 75
+    assert "nobody holds it" in busy.stderr and "hold_for" in busy.stderr
+    assert f"--url {url}" in busy.stderr  # CORRAL_URL is not the default either
+    assert corral("release", "job", "--force").returncode == 0
+
+
+# -- status creates nothing ----------------------------------------------------------------
+
+
+def _inspect_creates_directories(probe: Path) -> bool:
+    import corral as library
+
+    with library.connect(f"sqlite:///{probe}/x.db") as store:
+        store.lock_info("x")
+    return probe.exists()
+
+
+def test_status_creates_no_directory(
+    corral: Corral, default_env: dict[str, str], tmp_path: Path
+) -> None:
+    if _inspect_creates_directories(tmp_path / "probe" / "dir"):
+        pytest.xfail("the SQLite backend's inspect still creates the file and its directory")
+    missing = tmp_path / "missing"
+    result = corral("status", "x", "--url", f"sqlite:///{missing}/dir/x.db")
+    assert result.returncode == 0, result.stderr
+    assert "not held" in result.stdout
+    assert not missing.exists()
+    default = corral("status", "x", environ=default_env)
+    assert default.returncode == 0, default.stderr
+    assert not (tmp_path / "cache").exists()

@@ -9,8 +9,13 @@ to whoever parses `status --json`).
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import sys
+from dataclasses import dataclass
 
+import corral
+from corral.backends.registry import default_url, redact
 from corral.core.primitives import LockInfo
 from corral.errors import BackendError, ConfigError, CorralError, LockExpired, LockLost
 
@@ -23,9 +28,12 @@ __all__ = [
     "EX_TEMPFAIL",
     "EX_UNAVAILABLE",
     "CliError",
+    "Target",
     "add_url_argument",
+    "choose_store",
     "describe_info",
     "one_line",
+    "open_store",
     "say",
     "seconds",
     "status_for",
@@ -95,7 +103,71 @@ def describe_info(info: LockInfo) -> str:
     """Who keeps a lock closed and for how long, in the words every command uses."""
     if info.owner is None:
         return (
-            f"closed by its last holder's hold_for, fencing token {info.token}, "
-            f"{seconds(info.ttl)} left"
+            f"nobody holds it, but its last holder released it with hold_for, which keeps "
+            f"it closed {seconds(info.ttl)} more (fencing token {info.token})"
         )
     return f"held by {info.owner}, fencing token {info.token}, {seconds(info.ttl)} left"
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The store a command uses and where its URL came from, for hints and --verbose."""
+
+    url: str
+    source: str
+    """"--url", "CORRAL_URL" or "default" (the embedded SQLite file)."""
+
+    @property
+    def shown(self) -> str:
+        """The URL as messages show it: without its password."""
+        return redact(self.url)
+
+    def describe(self) -> str:
+        if self.source == "default":
+            return (
+                f"{self.shown} (the embedded default: it excludes only the processes of "
+                "this user on this machine; give --url or set CORRAL_URL to a shared "
+                "server to exclude other machines)"
+            )
+        return f"{self.shown} (from {self.source})"
+
+    def command(self, verb: str, name: str, *options: str) -> str:
+        """The corral command that acts on the same lock in the same store, quoted for a
+        shell, as a message suggests it."""
+        words = ["corral", verb, shlex.quote(name), *options]
+        if self.source != "default":
+            words += ["--url", shlex.quote(self.shown)]
+        command = f"`{' '.join(words)}`"
+        if self.shown != self.url:
+            command += " (with the URL's password in place of ***)"
+        return command
+
+
+def choose_store(url: str | None) -> Target:
+    """--url, else CORRAL_URL, else the embedded default: as `corral.connect` chooses."""
+    if url is not None:
+        return Target(url, "--url")
+    if os.environ.get("CORRAL_URL"):
+        return Target(default_url(), "CORRAL_URL")
+    return Target(default_url(), "default")
+
+
+def open_store(target: Target) -> corral.Store:
+    """Connect, refusing stores that every corral process would see empty.
+
+    Each `corral` command is a process of its own, so a store that lives inside one
+    process (memory://) would let every `corral run` in, and show nothing to
+    `corral status`: refused rather than silently excluding nothing.
+    """
+    store = corral.connect(target.url)
+    if not store.capabilities.cross_process:
+        store.close()
+        origin = "" if target.source == "--url" else f" (from {target.source})"
+        raise CliError(
+            f"{target.shown}{origin} keeps its locks inside one process, and every corral "
+            "command is a process of its own: it would exclude nothing and show nothing. "
+            "Use sqlite:///PATH for the processes of one machine, or a server every "
+            "machine reaches (redis://HOST:6379/0, postgresql://..., etcd://...)",
+            EX_CONFIG,
+        )
+    return store

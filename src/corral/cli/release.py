@@ -10,13 +10,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-import corral
 from corral.cli._common import (
     COMMON_STATUSES,
     EX_CONFIG,
     CliError,
     add_url_argument,
+    choose_store,
     describe_info,
+    open_store,
 )
 
 __all__ = ["NAME", "add_parser", "release"]
@@ -55,14 +56,16 @@ def add_parser(subparsers: Any) -> None:
 
 
 def release(args: argparse.Namespace) -> int:
+    target = choose_store(args.url)
     if not args.force:
         raise CliError(
             f"refusing to release lock {args.name!r} without --force: it may be held by "
             "another process, whose work then loses its exclusivity (its `corral run` "
-            f"stops its command); run `corral release {args.name} --force` to do it anyway",
+            f"stops its command); run {target.command('release', args.name, '--force')} "
+            "to do it anyway",
             EX_CONFIG,
         )
-    with corral.connect(args.url) as store:
+    with open_store(target) as store:
         # Read first, to say what was freed; the holder may change in between,
         # which the wording allows for.
         info = store.lock_info(args.name)

@@ -6,6 +6,9 @@ stopped or cut off from the server), the command is stopped too: it no longer
 has the exclusivity it was started under, and the fencing token it was given
 is already stale.
 
+The command is its whole process group (see `_process`): signals go to the
+group, and the lock is released only once nothing of the group runs any more.
+
 Three threads of control share the command's state: the main thread (which
 starts and waits for it), signal handlers (which run on the main thread,
 between its bytecodes) and the renewal thread (which calls `on_lost`).
@@ -16,27 +19,30 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import signal
-import subprocess
 import threading
+import time
 from types import FrameType
 from typing import Any
 
 import corral
 from corral.cli._common import (
     COMMON_STATUSES,
-    EX_CANNOT_EXECUTE,
     EX_CONFIG,
     EX_LOCK_LOST,
-    EX_NOT_FOUND,
     EX_TEMPFAIL,
     EX_UNAVAILABLE,
     CliError,
+    Target,
     add_url_argument,
+    choose_store,
     describe_info,
     one_line,
+    open_store,
     say,
 )
+from corral.cli._process import CommandGroup, StartError, launch
 from corral.core.validate import check_non_negative, check_ttl, check_wait
 from corral.errors import BackendError, ConfigError, CorralError, LockError
 
@@ -45,34 +51,47 @@ __all__ = ["NAME", "TAKES_COMMAND", "add_parser", "run"]
 NAME = "run"
 TAKES_COMMAND = True
 
-# Signals that mean "stop" to a supervisor: they are passed on to the command,
-# which decides how to stop, and corral then releases the lock.
+# Signals that mean "stop" (or "do what you do on this signal") to a supervisor: they
+# are passed on to the command's group, which decides what to do, and corral follows.
 FORWARDED: tuple[signal.Signals, ...] = tuple(
-    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+    getattr(signal, name)
+    for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+    if hasattr(signal, name)
 )
 
 # How long to wait for the loss report before exiting, so it is never cut off.
 REPORT_TIMEOUT = 5.0
+# After SIGKILL, how long the group may take to be gone before corral gives up on it.
+KILL_TIMEOUT = 5.0
+# How often to look whether the command's group is empty, once its leader has exited.
+GROUP_POLL = 0.02
 
 EPILOG = f"""\
 exit status:
   N    the command's own exit status (a command killed by signal N: 128+N)
 {COMMON_STATUSES}
-       (2 also for --limit N > 1, not available yet)
+       (2 also for --limit N > 1, not available yet, and for memory:// URLs)
   70   the lock was lost while the command ran (force-released, or its TTL ran
-       out while corral was stopped or cut off): the command got SIGTERM, then
-       SIGKILL after --grace seconds
+       out while corral was stopped or cut off): the command's process group got
+       SIGTERM, then SIGKILL after --grace seconds
   75   the lock was not acquired within --wait: another process holds it
+       (-E/--conflict-exit-code N chooses another status)
   126  the command could not be executed
   127  the command was not found
   128+N  corral got signal N before the command started
 
+The command runs in a process group (and session) of its own, which gets every
+signal: SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 sent to corral are
+passed on to the whole group (a Ctrl-C at the terminal reaches corral, which
+passes it on once), and Ctrl-Z stops the group with corral. If corral dies
+(SIGKILL, out of memory), the group is killed. Processes the command leaves
+running in its group when it exits get SIGTERM (SIGKILL after --grace) before
+the lock is released.
+
 The command sees CORRAL_LOCK_NAME and CORRAL_LOCK_TOKEN (the fencing token, an
 integer that grows with every acquisition: pass it to storage that can refuse
-stale writers). SIGINT, SIGTERM and SIGHUP sent to corral are passed on to the
-command; a Ctrl-C at the terminal reaches the command directly and is not sent
-twice. The lock is released when the command exits (kept closed for --hold-for
-seconds more if given).
+stale writers). The lock is released when the command exits (kept closed for
+--hold-for seconds more if given).
 """
 
 
@@ -81,6 +100,13 @@ def _wait_seconds(text: str) -> float:
     if text.strip().lower() in {"forever", "none"}:
         return float("inf")
     return float(text)
+
+
+def _exit_status(text: str) -> int:
+    status = int(text)
+    if not 0 <= status <= 255:
+        raise argparse.ArgumentTypeError(f"an exit status is 0 to 255, not {status}")
+    return status
 
 
 def add_parser(subparsers: Any) -> None:
@@ -123,7 +149,8 @@ def add_parser(subparsers: Any) -> None:
         type=float,
         default=10.0,
         metavar="S",
-        help="if the lock is lost, seconds between SIGTERM and SIGKILL to CMD (default: 10)",
+        help="seconds between SIGTERM and SIGKILL when corral stops CMD's process group "
+        "(lost lock, processes left behind) (default: 10)",
     )
     parser.add_argument(
         "--limit",
@@ -131,6 +158,29 @@ def add_parser(subparsers: Any) -> None:
         default=1,
         metavar="N",
         help="up to N holders at once (a semaphore); only 1 is available yet",
+    )
+    parser.add_argument(
+        "-E",
+        "--conflict-exit-code",
+        type=_exit_status,
+        default=EX_TEMPFAIL,
+        metavar="N",
+        help=f"exit status when the lock is busy (not acquired within --wait) "
+        f"(default: {EX_TEMPFAIL}, as flock(1)'s -E)",
+    )
+    talk = parser.add_mutually_exclusive_group()
+    talk.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="say nothing when the lock is busy (errors are still printed): for cron, "
+        "which mails any output",
+    )
+    talk.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="say on stderr which store is used, and the lock and fencing token acquired",
     )
     parser.set_defaults(handler=run, takes_command=True)
 
@@ -147,31 +197,6 @@ class _Interrupted(BaseException):
         self.signum = signum
 
 
-def _terminal_sent_it(proc: subprocess.Popen[bytes]) -> bool:
-    """Whether a SIGINT most likely came from Ctrl-C, which the command received too.
-
-    The terminal signals its whole foreground process group; when that is
-    corral's and the command's, forwarding the signal again would interrupt
-    the command's own clean-up.
-    """
-    try:
-        fd = os.open("/dev/tty", os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        group = os.getpgrp()
-        return os.tcgetpgrp(fd) == group and os.getpgid(proc.pid) == group
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-
-
-def _send(proc: subprocess.Popen[bytes], signum: int) -> None:
-    with contextlib.suppress(OSError):  # it has just exited: nothing left to stop
-        proc.send_signal(signum)
-
-
 class _Supervisor:
     """The command's state, shared by the main thread, signal handlers and the renewer.
 
@@ -184,10 +209,12 @@ class _Supervisor:
         self.name = name
         self.grace = grace
         self.mutex = threading.RLock()
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.group: CommandGroup | None = None
+        self.running = False  # the command itself runs (the launcher has exec'd it)
         self.pending: int | None = None
         self.lost = False
-        self.finished = False
+        self.finished = False  # the command (the group's leader) has exited
+        self.stopping_since: float | None = None  # SIGTERM sent by corral, SIGKILL armed
         self.killer: threading.Timer | None = None
         self.reported = threading.Event()
 
@@ -200,16 +227,33 @@ class _Supervisor:
         raise _Interrupted(signum)
 
     def forward(self, signum: int, frame: FrameType | None) -> None:
-        """While the lock is held: the command decides how to stop, corral follows."""
+        """While the lock is held: the command's group decides how to stop, corral follows.
+
+        The command is in a session of its own, so a Ctrl-C at the terminal reaches
+        corral alone: this is the one time the command's group gets it.
+        """
         with self.mutex:
-            proc = self.proc
-            if proc is None or self.finished:
+            group = self.group
+            if group is None or not self.running:
                 if self.pending is None:
                     self.pending = signum
                 return
-        if signum == signal.SIGINT and _terminal_sent_it(proc):
-            return
-        _send(proc, signum)
+        group.signal(signum)
+
+    def suspend(self, signum: int, frame: FrameType | None) -> None:
+        """Ctrl-Z: stop the command's group with corral, and continue it with corral.
+
+        Left running, the command would work on while its stopped corral renews
+        nothing. SIGSTOP, not SIGTSTP: the group has no terminal, and the kernel
+        discards SIGTSTP for such groups.
+        """
+        with self.mutex:
+            group = self.group
+        if group is not None:
+            group.signal(signal.SIGSTOP)
+        os.kill(os.getpid(), signal.SIGSTOP)  # returns once corral is continued
+        if group is not None:
+            group.signal(signal.SIGCONT)
 
     # -- lock lost (renewal thread) --------------------------------------------
 
@@ -220,19 +264,16 @@ class _Supervisor:
                 if self.lost:
                     return
                 self.lost = True
-                proc = None if self.finished else self.proc
-                if proc is not None:
-                    _send(proc, signal.SIGTERM)
-                    self.killer = threading.Timer(self.grace, self._kill, (proc,))
-                    self.killer.daemon = True
-                    self.killer.start()
+                group = self.group
+                if group is not None:
+                    self.stop_group(group)
                 finished = self.finished
-            if proc is not None:
+            if group is not None and not finished:
                 action = (
-                    f"sent SIGTERM to the command (pid {proc.pid}), SIGKILL follows in "
-                    f"{self.grace:g} s if it is still running"
+                    f"sent SIGTERM to the command's process group ({group.pgid}), SIGKILL "
+                    f"follows in {self.grace:g} s if any of it is still running"
                 )
-            elif finished:
+            elif group is not None:
                 action = "the command had already exited"
             else:
                 action = "the command is not started"
@@ -259,14 +300,23 @@ class _Supervisor:
             f"it is now {describe_info(info)}"
         )
 
-    def _kill(self, proc: subprocess.Popen[bytes]) -> None:
+    # -- any thread ----------------------------------------------------------------
+
+    def stop_group(self, group: CommandGroup) -> None:
+        """SIGTERM to the whole group now, SIGKILL after the grace period; once."""
         with self.mutex:
-            if not self.finished:
-                _send(proc, signal.SIGKILL)
+            if self.stopping_since is not None:
+                return
+            self.stopping_since = time.monotonic()
+            group.signal(signal.SIGTERM)
+            group.signal(signal.SIGCONT)  # a stopped process acts on SIGTERM only once continued
+            self.killer = threading.Timer(self.grace, group.signal, (signal.SIGKILL,))
+            self.killer.daemon = True
+            self.killer.start()
 
     # -- main thread -------------------------------------------------------------
 
-    def start(self, command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes] | int:
+    def start(self, command: list[str], env: dict[str, str]) -> CommandGroup | int:
         """Start the command, unless a stop signal or the loss of the lock came first."""
         with self.mutex:
             if self.lost:
@@ -274,33 +324,79 @@ class _Supervisor:
             if self.pending is not None:
                 return 128 + self.pending
             try:
-                proc = subprocess.Popen(command, env=env)
-            except FileNotFoundError:
-                say(f"{command[0]}: command not found")
-                return EX_NOT_FOUND
-            except OSError as exc:
-                say(f"{command[0]}: cannot execute: {exc.strerror or exc}")
-                return EX_CANNOT_EXECUTE
-            self.proc = proc
+                group = launch(command, env)
+            except StartError as exc:
+                say(str(exc))
+                return exc.status
+            self.group = group
+        try:
+            # Outside the mutex: the renewer must be able to stop a slow start.
+            group.wait_started()
+        except StartError as exc:
+            say(str(exc))
+            return exc.status
+        with self.mutex:
+            self.running = True
             pending = self.pending
         if pending is not None:  # arrived while the command was being started
-            _send(proc, pending)
-        return proc
+            group.signal(pending)
+        return group
 
-    def wait(self, proc: subprocess.Popen[bytes]) -> int:
-        returncode = proc.wait()
+    def wait(self, group: CommandGroup) -> int:
+        """Wait for the command, then for its whole group; return the command's status."""
+        returncode = group.proc.wait()
         with self.mutex:
             self.finished = True
+        self._empty_group(group)
+        with self.mutex:
             if self.killer is not None:
                 self.killer.cancel()
+        group.close()
         # As shells report it: 128+N for a command killed by signal N.
         return 128 - returncode if returncode < 0 else returncode
 
+    def _empty_group(self, group: CommandGroup) -> None:
+        """Stop what the command left running in its group: it would run without the lock."""
+        if not group.alive():
+            return
+        with self.mutex:
+            if self.stopping_since is None:
+                say(
+                    f"the command exited, but left processes running in its process group "
+                    f"({group.pgid}); sending them SIGTERM (SIGKILL in {self.grace:g} s) "
+                    f"before releasing lock {self.name!r}, which they would otherwise "
+                    "outlive"
+                )
+                self.stop_group(group)
+            since = self.stopping_since
+        assert since is not None
+        deadline = since + self.grace + KILL_TIMEOUT
+        while group.alive():
+            if time.monotonic() > deadline:
+                say(
+                    f"processes of the command's group ({group.pgid}) are still there "
+                    f"{KILL_TIMEOUT:g} s after SIGKILL (not ours to signal, or stuck in "
+                    "the kernel); going on without them"
+                )
+                return
+            time.sleep(GROUP_POLL)
 
-def _install(handler: Any) -> dict[int, Any]:
+
+def _install(handler: Any, signals: tuple[int, ...] = FORWARDED) -> dict[int, Any]:
+    """Handle `signals`, except those this process was started ignoring.
+
+    An ignored signal (`nohup` ignores SIGHUP, a shell's background job SIGINT)
+    stays ignored, and the command inherits that, as it would without corral.
+    """
     if threading.current_thread() is not threading.main_thread():
         return {}  # signals only reach the main thread; embedded callers keep theirs
-    return {signum: signal.signal(signum, handler) for signum in FORWARDED}
+    previous: dict[int, Any] = {}
+    for signum in signals:
+        current = signal.getsignal(signum)
+        if current is signal.SIG_IGN:
+            continue
+        previous[signum] = signal.signal(signum, handler)
+    return previous
 
 
 def _restore(previous: dict[int, Any]) -> None:
@@ -316,15 +412,18 @@ def _release_quietly(lock: corral.Lock) -> None:
         lock.release()
 
 
-def _not_acquired(store: corral.Store, name: str, wait: float | None) -> str:
+def _not_acquired(store: corral.Store, target: Target, name: str, wait: float | None) -> str:
     waited = "at once (--wait 0)" if wait == 0 else f"within {wait or float('inf'):g} s"
     try:
         info = store.lock_info(name)
     except CorralError as exc:
-        holder = f"holder unknown ({exc})"
+        holder = f"holder unknown ({one_line(str(exc))})"
     else:
         holder = "it was busy but is free now; try again" if info is None else describe_info(info)
-    return f"lock {name!r} on {store.server} not acquired {waited}: {holder}"
+    return (
+        f"lock {name!r} on {target.shown} not acquired {waited}: {holder}; "
+        f"see {target.command('status', name)}"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -346,11 +445,14 @@ def run(args: argparse.Namespace) -> int:
             f"`corral run {args.name} -- CMD [ARG...]`",
             EX_CONFIG,
         )
-    with corral.connect(args.url) as store:
+    target = choose_store(args.url)
+    with open_store(target) as store:
+        if args.verbose:
+            say(f"store {target.describe()}")
         supervisor = _Supervisor(store, args.name, grace)
         previous = _install(supervisor.interrupt)
         try:
-            return _run(store, supervisor, args.name, ttl, wait, hold_for, command)
+            return _run(store, target, supervisor, args, ttl, wait, hold_for, command)
         except _Interrupted as exc:
             return 128 + exc.signum
         finally:
@@ -359,26 +461,53 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(
     store: corral.Store,
+    target: Target,
     supervisor: _Supervisor,
-    name: str,
+    args: argparse.Namespace,
     ttl: float,
     wait: float | None,
     hold_for: float,
     command: list[str],
 ) -> int:
+    name: str = args.name
     lock = store.lock(name, ttl, wait=wait, auto_renew=True, on_lost=supervisor.on_lost)
+    suspend: dict[int, Any] = {}
     try:
         acquired = lock.acquire()
         if acquired:
             _install(supervisor.forward)
+            suspend = _install(supervisor.suspend, (signal.SIGTSTP,))
     except _Interrupted:
         # The signal may have landed just after the server granted the lock.
         _release_quietly(lock)
         raise
-    if not acquired:
-        say(_not_acquired(store, name, wait))
-        return EX_TEMPFAIL
+    try:
+        if not acquired:
+            if not args.quiet:
+                say(_not_acquired(store, target, name, wait))
+            return int(args.conflict_exit_code)
+        return _hold(store, supervisor, lock, args, ttl, hold_for, command)
+    finally:
+        _restore(suspend)
+
+
+def _hold(
+    store: corral.Store,
+    supervisor: _Supervisor,
+    lock: corral.Lock,
+    args: argparse.Namespace,
+    ttl: float,
+    hold_for: float,
+    command: list[str],
+) -> int:
+    name: str = args.name
     token = lock.token
+    if args.verbose:
+        say(
+            f"acquired lock {name!r} on {store.server}: fencing token {token}, owner "
+            f"{lock.owner}, ttl {ttl:g} s renewed every {ttl / 3:.3g} s; running "
+            f"{shlex.join(command)}"
+        )
     env = {**os.environ, "CORRAL_LOCK_NAME": name, "CORRAL_LOCK_TOKEN": str(token)}
     started = supervisor.start(command, env)
     if isinstance(started, int):
@@ -407,4 +536,7 @@ def _run(
             f"{exc}; the lock frees itself within {ttl:g} s (its TTL)"
         )
         return EX_UNAVAILABLE
+    if args.verbose:
+        kept = f", kept closed {hold_for:g} s more (--hold-for)" if hold_for else ""
+        say(f"the command exited with status {status}; released lock {name!r}{kept}")
     return status

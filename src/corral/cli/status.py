@@ -10,8 +10,13 @@ import argparse
 import json
 from typing import Any
 
-import corral
-from corral.cli._common import COMMON_STATUSES, add_url_argument, describe_info
+from corral.cli._common import (
+    COMMON_STATUSES,
+    add_url_argument,
+    choose_store,
+    describe_info,
+    open_store,
+)
 
 __all__ = ["NAME", "add_parser", "status"]
 
@@ -46,7 +51,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def status(args: argparse.Namespace) -> int:
-    with corral.connect(args.url) as store:
+    with open_store(choose_store(args.url)) as store:
         info = store.lock_info(args.name)
         server = store.server
     if args.json:
