@@ -17,6 +17,7 @@ interrupted where: see `acquire` for cancellation, `release` for clean-up.
 from __future__ import annotations
 
 import logging
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -625,7 +626,10 @@ class AsyncLock:
             state = f"held by {info.owner} (token {info.token}, {info.ttl:.1f} s left)"
         hint = ""
         if self._backend.capabilities.cross_process:
-            hint = f"; see `corral status {self.name} --url {self._backend.server}`"
+            hint = (
+                f"; see `corral status {shlex.quote(self.name)} "
+                f"--url {shlex.quote(self._backend.server)}`"
+            )
         return LockTimeout(
             f"{where} {waited}: {state}{hint}",
             owner=None if info is None else info.owner,
