@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from corral.aio import AsyncLock, AsyncStore
-from corral.errors import LockError, LockLost
+from corral.errors import LockError, LockLost, LockTimeout
 from tests._async.concurrency import sleep, start
 from tests._async.delayed import delayed
 
@@ -226,3 +226,25 @@ async def test_a_waiter_is_not_starved_by_a_holder_that_takes_it_straight_back(
         await waiter.release()
     await job.result()
     assert got
+
+
+async def test_lock_timeout_says_who_holds_it_and_where(
+    store: AsyncStore, other_store: AsyncStore, name: str
+) -> None:
+    holder = store.lock(name, ttl=30)
+    assert await holder.acquire()
+    with pytest.raises(LockTimeout) as caught:
+        async with other_store.lock(name, ttl=30, wait=0.1):
+            pytest.fail("entered a held lock")
+    error = caught.value
+    assert error.owner == holder.owner and error.token == holder.token
+    assert error.ttl is not None and 0 < error.ttl <= 30
+    assert error.server == store.server and name in str(error)
+    assert holder.owner is not None and holder.owner in str(error)
+    await holder.release(hold_for=20)
+    with pytest.raises(LockTimeout) as caught:
+        async with other_store.lock(name, ttl=30):
+            pytest.fail("entered a closed lock")
+    assert caught.value.owner is None and caught.value.ttl is not None
+    assert "kept closed" in str(caught.value)
+    assert await store.force_release(name)
