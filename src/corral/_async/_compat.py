@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import socket
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
@@ -26,6 +27,7 @@ __all__ = [
     "shield",
     "sleep",
     "spawn",
+    "wait_readable",
 ]
 
 Lock = asyncio.Lock
@@ -106,3 +108,23 @@ async def call_maybe_async(func: Callable[..., Any], *args: Any) -> None:
     result = func(*args)
     if inspect.isawaitable(result):
         await result
+
+
+async def wait_readable(sock: socket.socket, timeout: float) -> bool:
+    """Wait up to `timeout` s for a non-blocking socket to have data; True when it has."""
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    fd = sock.fileno()
+    loop.add_reader(fd, readable)
+    try:
+        await asyncio.wait_for(ready, timeout)
+    except asyncio.TimeoutError:
+        return False
+    finally:
+        loop.remove_reader(fd)
+    return True

@@ -5,6 +5,8 @@ Each name here has the meaning it has there, with threads in place of tasks.
 
 from __future__ import annotations
 
+import select
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +25,7 @@ __all__ = [
     "shield",
     "sleep",
     "spawn",
+    "wait_readable",
 ]
 
 Lock = threading.Lock
@@ -94,3 +97,13 @@ def spawn(target: Callable[[], None], name: str) -> Worker:
 
 def call_maybe_async(func: Callable[..., Any], *args: Any) -> None:
     func(*args)
+
+
+def wait_readable(sock: socket.socket, timeout: float) -> bool:
+    """Wait up to `timeout` s for a non-blocking socket to have data; True when it has."""
+    if hasattr(select, "poll"):  # no FD_SETSIZE limit, unlike select()
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(timeout * 1000))
+    readable, _, _ = select.select([sock], [], [], timeout)
+    return bool(readable)
