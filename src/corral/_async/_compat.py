@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import socket
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
@@ -35,6 +36,7 @@ __all__ = [
     "spawn",
     "start_job",
     "undo_if_interrupted",
+    "wait_readable",
 ]
 
 Lock = asyncio.Lock
@@ -222,3 +224,23 @@ async def undo_if_interrupted(
 
         task.add_done_callback(after)
         raise
+
+
+async def wait_readable(sock: socket.socket, timeout: float) -> bool:
+    """Wait up to `timeout` s for a non-blocking socket to have data; True when it has."""
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    fd = sock.fileno()
+    loop.add_reader(fd, readable)
+    try:
+        await asyncio.wait_for(ready, timeout)
+    except asyncio.TimeoutError:
+        return False
+    finally:
+        loop.remove_reader(fd)
+    return True

@@ -8,6 +8,8 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import select
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +38,7 @@ __all__ = [
     "spawn",
     "start_job",
     "undo_if_interrupted",
+    "wait_readable",
 ]
 
 Lock = threading.Lock
@@ -228,3 +231,13 @@ def undo_if_interrupted(call: Callable[[], T], undo: Callable[[T | None], None])
     except BaseException:
         undo(None)
         raise
+
+
+def wait_readable(sock: socket.socket, timeout: float) -> bool:
+    """Wait up to `timeout` s for a non-blocking socket to have data; True when it has."""
+    if hasattr(select, "poll"):  # no FD_SETSIZE limit, unlike select()
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(timeout * 1000))
+    readable, _, _ = select.select([sock], [], [], timeout)
+    return bool(readable)

@@ -2,7 +2,9 @@
 
 Everything here blocks. The asyncio backend calls it through `run_sync` (a
 worker thread) and the generated blocking backend calls it directly, so the
-SQL and the transactions exist once.
+SQL and the transactions exist once. The connection (one per store and
+process, fork-safe, reads that create nothing) is `sqlite_connection`'s; the
+wake-up datagrams are `sqlite_wake`'s.
 
 **Atomicity.** Every primitive that changes anything is one short transaction
 opened with `BEGIN IMMEDIATE`, which takes the database's single write lock
@@ -13,26 +15,44 @@ WAL mode lets `inspect` read without waiting for writers, and with
 `synchronous=NORMAL` a commit costs no fsync. The price: a power cut or kernel
 crash (not a process crash) may lose the last commits. Every lock expires at
 the reboot anyway (see the clock, below), but the last fencing tokens may then
-be handed out a second time. Tokens never reset otherwise, so the fences table
-keeps one small row per lock name ever used.
+be handed out a second time.
 
-**One connection per store and process, lent to one thread at a time.** Every
-primitive but `inspect` needs the file's one write lock, so more connections in
-one process buy no parallelism: they would only meet again at the file lock,
-where SQLite's busy handler polls with sleeps of 1 to 100 ms. Waiting for the
-connection on a thread lock instead hands it over the moment it is free. A
-per-thread connection would also leave one connection behind in every worker
-thread `asyncio.to_thread` ever used, and `aclose()` could not close them from
-its own thread. The wait for the connection counts against `timeout`, as does
-SQLite's busy wait, so a call never blocks much past it.
+**Fencing tokens and bounded state.** Tokens come from one counter for the
+whole store (the single row of the `sequence` table), incremented in the
+transaction that grants a lock: every token is larger than every earlier one
+of any name, so a name needs no row of its own once its lock is gone. A
+release deletes the lock's row. Rows that expire instead (a crashed holder's,
+`hold_for`'s) are found by a sweep: every granted acquisition looks at the
+next `SWEEP` rows of the locks table in key order (where the last one
+stopped, kept in the counter's row it writes anyway) and deletes the expired
+ones, so the whole table is swept every (rows / SWEEP) acquisitions and
+expired rows stay a fraction of the live ones. An index on expiry would find
+them directly, but keeping it costs every acquire-and-release cycle a fifth
+more; the queue and the wake-up registrations, which only waiters write,
+have one: places of waiters that died and registrations of processes that
+died are deleted `COLLECT` at a time by every granted acquisition and every
+registration. Nothing accumulates, and no command has to purge the file.
+After a reboot every row is of an earlier boot: the first acquisition
+deletes them all.
 
-**fork.** SQLite forbids using a connection in a child process, and the
-child's copy of SQLite's per-file lock bookkeeping must not describe
-connections that are open in the parent either. So before `fork` each store
-waits (up to `timeout`) for its connection to be idle and closes it; parent
-and child each open a fresh one on next use. A connection still busy after
-that wait is abandoned, never closed, in the child, and a pid check catches
-any fork that bypassed the hooks.
+**Names.** Any `str` is a name. A name that is valid UTF-8 without NUL is
+stored as TEXT (readable with the sqlite3 shell); any other (a lone
+surrogate, a NUL, on which SQLite's text functions are undefined) is stored
+as the BLOB of its UTF-8 bytes with surrogates passed through. SQLite never
+finds a TEXT equal to a BLOB, so the two kinds cannot collide.
+
+**Every attempt respects a live fair queue.** An attempt that does not queue
+(`queue_ttl` None) still finds the name's queue in the same read that checks
+the holder (one index probe, empty in the common case); if the queue has
+places, it drops the expired ones and yields to a live head that is someone
+else. A waiter that died stalls the queue only until its place expires.
+
+**Migration.** Stores made before the token counter kept one row per name in
+a `fences` table. Opening one for writing starts the counter above every
+token in `fences` and `locks` (so no token goes backwards), empties `fences`,
+and leaves a trigger on it that makes any acquisition by an older version of
+corral fail with a message saying to upgrade, rather than hand out tokens
+from a table nobody reads any more. Its releases and extensions still work.
 
 **The clock.** A TTL is enforced by "the server's clock", and here the server
 is this machine, so every process must read the same clock, and it must not
@@ -54,14 +74,14 @@ import logging
 import os
 import re
 import sqlite3
-import threading
 import time
-import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
-from urllib.parse import parse_qsl
 
+from corral.backends.sqlite_connection import Busy, Closed, Connection, is_busy
+from corral.backends.sqlite_wake import Ringer, wake_up_payload
+from corral.core.options import Option, merge_options
 from corral.core.primitives import Attempt, LockInfo, Outcome
 from corral.core.validate import check_timeout
 from corral.errors import BackendError, BackendUnavailable, ConfigError
@@ -69,10 +89,12 @@ from corral.errors import BackendError, BackendUnavailable, ConfigError
 __all__ = [
     "DEFAULT_TABLE_PREFIX",
     "DEFAULT_TIMEOUT",
+    "URL_OPTIONS",
     "MachineClock",
     "SQLiteLocks",
     "SQLiteOptions",
     "parse_url",
+    "stored_name",
 ]
 
 log = logging.getLogger("corral.sqlite")
@@ -83,6 +105,29 @@ DEFAULT_TIMEOUT = 5.0
 DEFAULT_TABLE_PREFIX = "corral_"
 _PREFIX_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 _BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
+# Rows of the locks table one granted acquisition looks at for expired ones (see
+# "bounded state"): the table is swept whole every (rows / SWEEP) acquisitions.
+SWEEP = 32
+# Expired queue places and registrations one granted acquisition or registration deletes:
+# more than one can leave behind, so expired rows never pile up.
+COLLECT = 8
+
+URL_OPTIONS = (
+    Option(
+        "timeout",
+        "5",
+        "seconds a call may wait for the file's write lock (another process is writing) "
+        "before `BackendUnavailable`",
+        "2",
+    ),
+    Option(
+        "table_prefix",
+        "corral_",
+        "prefix of corral's table names, so independent sets of locks can share one file "
+        "(letters, digits, underscores)",
+        "app_",
+    ),
+)
 
 
 # -- the URL ----------------------------------------------------------------------
@@ -100,26 +145,19 @@ def parse_url(url: str, options: Mapping[str, object]) -> SQLiteOptions:
     """`sqlite:///relative.db` or `sqlite:////absolute.db`, options from keywords or the query.
 
     Query options (`?timeout=10`) exist so `CORRAL_URL` and `--url` can carry them.
+    Nothing here touches the filesystem beyond looking: a bad URL or option is a
+    ConfigError before any file or directory is created.
     """
     scheme, sep, rest = url.partition("://")
     if not sep or scheme.lower() != "sqlite":
         raise ConfigError(f"{url}: not an sqlite:// URL")
     rest, _, query = rest.partition("?")
-    given: dict[str, object] = dict(options)
-    if query:
-        try:
-            pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=True)
-        except ValueError as exc:
-            raise ConfigError(f"{url}: cannot parse the options after '?' ({exc})") from exc
-        for key, value in pairs:
-            if key in given:
-                raise ConfigError(f"{url}: option {key!r} is given twice")
-            given[key] = value
     if "memory:" in rest or "mode=memory" in query:
         raise ConfigError(
             f"{url}: an in-memory SQLite database is private to one connection, so no other "
             "process could see its locks; use memory:// for locks inside one process"
         )
+    given, _ = merge_options(url, query, options, URL_OPTIONS, backend="sqlite")
     if rest in ("", "/"):
         raise ConfigError(
             f"{url}: the path of the database file is empty; "
@@ -133,20 +171,29 @@ def parse_url(url: str, options: Mapping[str, object]) -> SQLiteOptions:
     absolute = os.path.abspath(rest[1:])
     if os.path.isdir(absolute):
         raise ConfigError(f"{url}: {absolute} is a directory; name a file inside it")
-
-    seconds = check_timeout(given.pop("timeout", DEFAULT_TIMEOUT), url)
-    prefix = given.pop("table_prefix", DEFAULT_TABLE_PREFIX)
+    seconds = check_timeout(given.get("timeout", DEFAULT_TIMEOUT), url)
+    prefix = given.get("table_prefix", DEFAULT_TABLE_PREFIX)
     if not isinstance(prefix, str) or not _PREFIX_RE.fullmatch(prefix):
         raise ConfigError(
             f"{url}: table_prefix must be letters, digits and underscores (not starting "
             f"with a digit, at most 64), got {prefix!r}"
         )
-    if given:
-        raise ConfigError(
-            f"{url}: unknown option(s) {', '.join(sorted(given))}; "
-            "sqlite:// takes timeout and table_prefix"
-        )
     return SQLiteOptions(absolute, seconds, prefix)
+
+
+def stored_name(name: str) -> str | bytes:
+    """The key a lock name is stored under (see "Names" in the module docstring)."""
+    if name.isascii():
+        if "\x00" not in name:
+            return name
+    elif "\x00" not in name:
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            pass
+        else:
+            return name
+    return name.encode("utf-8", "surrogatepass")
 
 
 # -- the clock --------------------------------------------------------------------
@@ -192,22 +239,32 @@ class _Statements:
     """The SQL, with the table prefix filled in (checked to be a plain identifier)."""
 
     def __init__(self, prefix: str) -> None:
-        locks, fences, queue = f"{prefix}locks", f"{prefix}fences", f"{prefix}queue"
+        locks, queue, waiters = f"{prefix}locks", f"{prefix}queue", f"{prefix}waiters"
+        sequence, fences = f"{prefix}sequence", f"{prefix}fences"
+        self.fences = fences
+        self.sequence = sequence
+        self.fences_guard = f"{prefix}fences_retired"
         # `expires_at` is a MachineClock reading, meaningful only in the boot `boot`.
         live = "boot = :boot AND expires_at > :now"
-        self.schema_objects = (locks, fences, queue, f"{queue}_order")
+        expired = "boot = :boot AND expires_at <= :now"
+        self.schema_objects = (
+            locks,
+            queue,
+            f"{queue}_order",
+            f"{queue}_expiry",
+            waiters,
+            f"{waiters}_expiry",
+            sequence,
+        )
         self.schema = (
+            # `name` is declared TEXT, but a name that is not plain text is a BLOB
+            # (see "Names"); a TEXT column stores a BLOB as it is.
             f"CREATE TABLE IF NOT EXISTS {locks} ("
             " name TEXT PRIMARY KEY,"
             " owner TEXT,"  # NULL while closed by release(hold_for=...)
             " token INTEGER NOT NULL,"
             " expires_at REAL NOT NULL,"
             " boot TEXT NOT NULL"
-            ") WITHOUT ROWID",
-            # Apart from the locks so a token survives its lock's row: never reset.
-            f"CREATE TABLE IF NOT EXISTS {fences} ("
-            " name TEXT PRIMARY KEY,"
-            " token INTEGER NOT NULL"
             ") WITHOUT ROWID",
             f"CREATE TABLE IF NOT EXISTS {queue} ("
             " name TEXT NOT NULL,"
@@ -218,16 +275,67 @@ class _Statements:
             " PRIMARY KEY (name, owner)"
             ") WITHOUT ROWID",
             f"CREATE INDEX IF NOT EXISTS {queue}_order ON {queue} (name, seq)",
+            f"CREATE INDEX IF NOT EXISTS {queue}_expiry ON {queue} (boot, expires_at)",
+            # Which process (a socket address) wants to hear the releases of a name.
+            f"CREATE TABLE IF NOT EXISTS {waiters} ("
+            " name TEXT NOT NULL,"
+            " address BLOB NOT NULL,"
+            " expires_at REAL NOT NULL,"
+            " boot TEXT NOT NULL,"
+            " PRIMARY KEY (name, address)"
+            ") WITHOUT ROWID",
+            f"CREATE INDEX IF NOT EXISTS {waiters}_expiry ON {waiters} (boot, expires_at)",
+            # The store's token counter; `boot` is the boot whose rows are the only ones
+            # left (an earlier boot's rows are all deleted when the boot changes), and
+            # `sweep` the name after which the next sweep of the locks table starts.
+            f"CREATE TABLE IF NOT EXISTS {sequence} ("
+            " id INTEGER PRIMARY KEY CHECK (id = 0),"
+            " last INTEGER NOT NULL,"
+            " boot TEXT NOT NULL,"
+            " sweep NOT NULL"
+            ")",
+            f"INSERT OR IGNORE INTO {sequence} (id, last, boot, sweep)"
+            f" SELECT 0, COALESCE(MAX(token), 0), '', '' FROM {locks}",
         )
+        self.migrate_fences = (
+            f"UPDATE {sequence} SET last = MAX(last,"
+            f" (SELECT COALESCE(MAX(token), 0) FROM {fences}))",
+            f"DELETE FROM {fences}",
+            f"CREATE TRIGGER IF NOT EXISTS {self.fences_guard} BEFORE INSERT ON {fences}"
+            " BEGIN SELECT RAISE(ABORT, 'this corral database was upgraded by a newer"
+            " version of corral, which counts fencing tokens elsewhere: upgrade corral"
+            " in this program to acquire locks here'); END",
+        )
+
         self.live_lock = (
             f"SELECT owner, token, expires_at FROM {locks} WHERE name = :name AND {live}"
         )
-        # One read for the decision and the next token.
+        # One read decides the common case: the holder, whether the name has a queue,
+        # the next token, whether rows of an earlier boot are still around, where the
+        # sweep goes on, and whether a queue place or registration has expired (each
+        # EXISTS is one probe of an index).
         self.probe = (
             f"SELECT (SELECT expires_at FROM {locks} WHERE name = :name AND {live}),"
-            f" (SELECT token FROM {fences} WHERE name = :name)"
+            f" EXISTS (SELECT 1 FROM {queue} WHERE name = :name),"
+            f" last, boot, sweep,"
+            f" EXISTS (SELECT 1 FROM {queue} WHERE {expired})"
+            f" OR EXISTS (SELECT 1 FROM {waiters} WHERE {expired})"
+            f" FROM {sequence} WHERE id = 0"
         )
-        self.set_fence = f"INSERT OR REPLACE INTO {fences} (name, token) VALUES (:name, :token)"
+        self.next_token = (
+            f"UPDATE {sequence} SET last = :token, boot = :boot, sweep = :sweep WHERE id = 0"
+        )
+        # The next SWEEP rows of the locks table in key order (TEXT names sort before
+        # BLOB ones, and every name after ''): how many, the last, how many expired.
+        swept = f"SELECT name FROM {locks} WHERE name > :sweep ORDER BY name LIMIT {SWEEP}"
+        self.sweep = (
+            "SELECT count(*), max(name), COALESCE(sum(boot != :boot OR expires_at <= :now), 0)"
+            f" FROM (SELECT name, boot, expires_at FROM {locks} WHERE name > :sweep"
+            f" ORDER BY name LIMIT {SWEEP})"
+        )
+        self.sweep_expired = (
+            f"DELETE FROM {locks} WHERE name IN ({swept}) AND (boot != :boot OR expires_at <= :now)"
+        )
         self.set_lock = (
             f"INSERT OR REPLACE INTO {locks} (name, owner, token, expires_at, boot)"
             " VALUES (:name, :owner, :token, :expires_at, :boot)"
@@ -258,203 +366,40 @@ class _Statements:
             f"SELECT owner FROM {queue} WHERE name = :name AND {live} ORDER BY seq LIMIT 1"
         )
         self.leave_queue = f"DELETE FROM {queue} WHERE name = :name AND owner = :owner"
-
-
-# -- connections ------------------------------------------------------------------
-
-
-class _Closed(Exception):
-    """The store was closed; mapped to a BackendError naming the lock."""
-
-
-class _Busy(Exception):
-    """This process's connection stayed in use past the timeout."""
-
-
-class _Connection:
-    """This process's one connection to the file, lent to one thread at a time (see module doc)."""
-
-    def __init__(self, path: str, timeout: float, statements: _Statements) -> None:
-        self.path = path
-        self.timeout = timeout
-        self._statements = statements
-        self._pid = os.getpid()
-        self._mutex = threading.Lock()
-        self._conn: sqlite3.Connection | None = None
-        self._busy_ms = 0
-        self._schema_ready = False
-        self._closed = False
-        self._held_for_fork = False
-        _OPEN.add(self)
-
-    @contextlib.contextmanager
-    def lend(self) -> Iterator[sqlite3.Connection]:
-        """The connection, for one transaction; waiting for it counts against `timeout`."""
-        if self._pid != os.getpid():
-            self._after_fork_in_child()  # a fork the hooks did not see
-        started = time.monotonic()
-        if not self._mutex.acquire(timeout=self.timeout):
-            raise _Busy
-        try:
-            if self._closed:
-                raise _Closed
-            conn = self._conn
-            if conn is None:
-                conn = self._conn = self._open()
-            # SQLite's own busy wait gets what is left of the timeout.
-            left_ms = max(1, int((self.timeout - (time.monotonic() - started)) * 1000))
-            if abs(left_ms - self._busy_ms) > 5:
-                conn.execute(f"PRAGMA busy_timeout = {left_ms}")
-                self._busy_ms = left_ms
-            try:
-                yield conn
-            except BaseException:
-                self._rollback()
-                raise
-        finally:
-            self._mutex.release()
-
-    def _rollback(self) -> None:
-        conn = self._conn
-        if conn is None or not conn.in_transaction:
-            return
-        try:
-            conn.execute("ROLLBACK")
-        except sqlite3.Error:
-            # A connection that cannot roll back is not lent again.
-            self._conn = None
-            with contextlib.suppress(sqlite3.Error):
-                conn.close()
-
-    def _open(self) -> sqlite3.Connection:
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        # check_same_thread=False: lent to one thread at a time, under the mutex.
-        conn = sqlite3.connect(
-            self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False
+        self.listeners = f"SELECT address FROM {waiters} WHERE name = :name AND {live}"
+        self.register = (
+            f"INSERT OR REPLACE INTO {waiters} (name, address, expires_at, boot)"
+            " VALUES (:name, :address, :expires_at, :boot)"
         )
-        self._busy_ms = int(self.timeout * 1000)
-        try:
-            self._configure(conn)
-        except BaseException:
-            conn.close()
-            raise
-        return conn
-
-    def _configure(self, conn: sqlite3.Connection) -> None:
-        # WAL is a property of the file: set once by whichever process is first.
-        mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
-        if str(mode).lower() != "wal":
-            mode = self._set_wal(conn)
-            if str(mode).lower() != "wal":
-                log.warning(
-                    "%s stays in %s journal mode (WAL unsupported here?): locks are still "
-                    "correct, readers just wait for writers",
-                    self.path,
-                    mode,
-                )
-        conn.execute("PRAGMA synchronous = NORMAL")
-        if not self._schema_ready and not self._schema_exists(conn):
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                for statement in self._statements.schema:
-                    conn.execute(statement)
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-        self._schema_ready = True
-
-    def _schema_exists(self, conn: sqlite3.Connection) -> bool:
-        # A read, so a store that only inspects needs no write lock to start.
-        found = conn.execute(
-            "SELECT count(*) FROM sqlite_master WHERE name IN (?, ?, ?, ?)",
-            self._statements.schema_objects,
-        ).fetchone()[0]
-        return bool(found == len(self._statements.schema_objects))
-
-    def _set_wal(self, conn: sqlite3.Connection) -> object:
-        # Switching modes needs the file to itself and may fail without calling the
-        # busy handler while other processes open it too, so retry until the timeout.
-        deadline = time.monotonic() + self.timeout
-        while True:
-            try:
-                return conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            except sqlite3.OperationalError as exc:
-                if not _is_busy(exc) or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.005)
-
-    def close(self) -> None:
-        acquired = self._mutex.acquire(timeout=self.timeout)
-        try:
-            self._closed = True
-            conn, self._conn = self._conn, None
-            if conn is not None and acquired:
-                conn.close()
-            # Not acquired: the thread using it will not finish for long; leave it be.
-        finally:
-            if acquired:
-                self._mutex.release()
-            _OPEN.discard(self)
-
-    # The fork hooks (module level below) call these on every open connection.
-
-    def _before_fork(self) -> None:
-        self._held_for_fork = self._mutex.acquire(timeout=self.timeout)
-        if self._held_for_fork and self._conn is not None:
-            conn, self._conn = self._conn, None
-            with contextlib.suppress(sqlite3.Error):
-                conn.close()
-
-    def _after_fork_in_parent(self) -> None:
-        if self._held_for_fork:
-            self._held_for_fork = False
-            self._mutex.release()
-
-    def _after_fork_in_child(self) -> None:
-        if self._conn is not None:
-            # Still in use by a parent thread at the fork: SQLite forbids using or
-            # closing it here, and garbage collection would close it, so keep it.
-            _ABANDONED.append(self._conn)
-            self._conn = None
-        self._mutex = threading.Lock()
-        self._held_for_fork = False
-        self._pid = os.getpid()
-
-
-_OPEN: weakref.WeakSet[_Connection] = weakref.WeakSet()
-_ABANDONED: list[sqlite3.Connection] = []
-
-
-def _before_fork() -> None:
-    for connection in list(_OPEN):
-        connection._before_fork()
-
-
-def _after_fork_in_parent() -> None:
-    for connection in list(_OPEN):
-        connection._after_fork_in_parent()
-
-
-def _after_fork_in_child() -> None:
-    for connection in list(_OPEN):
-        connection._after_fork_in_child()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(
-        before=_before_fork,
-        after_in_parent=_after_fork_in_parent,
-        after_in_child=_after_fork_in_child,
-    )
-
-
-def _is_busy(exc: sqlite3.Error) -> bool:
-    text = str(exc).lower()
-    return "locked" in text or "busy" in text
+        self.forget_listener = f"DELETE FROM {waiters} WHERE name = :name AND address = :address"
+        self.collect = tuple(
+            f"DELETE FROM {table} WHERE ({key}) IN"
+            f" (SELECT {key} FROM {table} WHERE {expired} LIMIT {COLLECT})"
+            for table, key in (
+                (queue, "name, owner"),
+                (waiters, "name, address"),
+            )
+        )
+        self.forget_earlier_boots = tuple(
+            f"DELETE FROM {table} WHERE boot != :boot" for table in (locks, queue, waiters)
+        )
 
 
 # -- the primitives ---------------------------------------------------------------
+
+
+class _NoCounter(Exception):
+    """The token counter's row is missing: the file was edited by hand."""
+
+
+@dataclass(frozen=True, slots=True)
+class _WakeUps:
+    """Who to wake once the transaction has committed."""
+
+    name: str
+    key: str | bytes
+    addresses: list[bytes]
+    head: str | None
 
 
 class SQLiteLocks:
@@ -464,12 +409,58 @@ class SQLiteLocks:
         self.path = options.path
         self.timeout = options.timeout
         self.server = f"sqlite:///{self.path}"
-        self._clock = clock or MachineClock()
+        self.clock = clock or MachineClock()
         self._sql = _Statements(options.table_prefix)
-        self._connection = _Connection(self.path, self.timeout, self._sql)
+        self._connection = Connection(self.path, self.timeout, self._prepare)
+        self._ringer = Ringer()
+        # Registrations whose socket was found gone, deleted by the next write. No lock
+        # (one held by a parent thread at a fork would hang the child): an entry lost
+        # to a race only leaves its registration to expire.
+        self._gone: list[tuple[str | bytes, bytes]] = []
 
-    def _params(self, name: str, owner: str, now: float) -> dict[str, object]:
-        return {"name": name, "owner": owner, "boot": self._clock.boot_id, "now": now}
+    def _params(self, key: str | bytes, owner: str, now: float) -> dict[str, object]:
+        return {"name": key, "owner": owner, "boot": self.clock.boot_id, "now": now}
+
+    # -- the schema ---------------------------------------------------------------
+
+    def _prepare(self, conn: sqlite3.Connection) -> None:
+        """Create corral's tables, or migrate older ones, unless that is done already."""
+        sql = self._sql
+        if self._schema_current(conn):
+            return
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in sql.schema:
+                conn.execute(statement)
+            if self._has(conn, sql.fences):
+                for statement in sql.migrate_fences:
+                    conn.execute(statement)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def _schema_current(self, conn: sqlite3.Connection) -> bool:
+        # A read, so an up-to-date file needs no write lock to start.
+        wanted = self._sql.schema_objects
+        found = {
+            row[0]
+            for row in conn.execute(
+                "SELECT name FROM sqlite_master WHERE name IN"
+                f" ({', '.join('?' * (len(wanted) + 2))})",
+                (*wanted, self._sql.fences, self._sql.fences_guard),
+            )
+        }
+        # An older corral may have (re)created `fences` without the guard since.
+        fences_settled = self._sql.fences not in found or self._sql.fences_guard in found
+        return found.issuperset(wanted) and fences_settled
+
+    @staticmethod
+    def _has(conn: sqlite3.Connection, table: str) -> bool:
+        query = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
+        return conn.execute(query, (table,)).fetchone() is not None
+
+    # -- transactions and errors -------------------------------------------------
 
     @contextlib.contextmanager
     def _errors(self, name: str) -> Iterator[None]:
@@ -477,16 +468,21 @@ class SQLiteLocks:
         where = f"lock {name!r} on {self.server}"
         try:
             yield
-        except _Closed:
+        except Closed:
             raise BackendError(f"{where}: the store is closed; open a new one") from None
-        except _Busy:
+        except Busy:
             raise BackendUnavailable(
                 f"{where}: this process's connection to the file stayed busy for more than "
                 f"{self.timeout:g} s (another thread is waiting on the file's lock); "
                 "retry, or pass a longer timeout="
             ) from None
+        except _NoCounter:
+            raise BackendError(
+                f"{where}: the token counter (table {self._sql.sequence}) has no "
+                "row; the file was changed by hand: restore it, or point the URL at a new file"
+            ) from None
         except sqlite3.OperationalError as exc:
-            if _is_busy(exc):
+            if is_busy(exc):
                 raise BackendUnavailable(
                     f"{where}: the database file {self.path} stayed locked for more than "
                     f"{self.timeout:g} s: another process is holding a write transaction on "
@@ -508,60 +504,129 @@ class SQLiteLocks:
                 "point the URL at another file, or move this one away"
             ) from exc
 
-    def _write(self, name: str, body: Callable[[sqlite3.Connection], T]) -> T:
-        """Run `body` as one `BEGIN IMMEDIATE` transaction: the whole primitive is atomic."""
-        with self._errors(name), self._connection.lend() as conn:
+    def _write(self, name: str, body: Callable[[sqlite3.Connection, list[_WakeUps]], T]) -> T:
+        """Run `body` as one `BEGIN IMMEDIATE` transaction: the whole primitive is atomic.
+
+        The wake-ups `body` asks for are sent after the COMMIT (a waiter woken
+        earlier would find the lock still taken) and after the connection is
+        handed back.
+        """
+        wake_ups: list[_WakeUps] = []
+        with self._errors(name), self._connection.lend(write=True) as conn:
+            assert conn is not None
             conn.execute("BEGIN IMMEDIATE")
-            result = body(conn)
+            self._forget_gone(conn)
+            result = body(conn, wake_ups)
             conn.execute("COMMIT")
-            return result
+        for wake_up in wake_ups:
+            self._ring(wake_up)
+        return result
+
+    def _wake_ups(
+        self, conn: sqlite3.Connection, name: str, key: str | bytes, p: dict[str, object]
+    ) -> _WakeUps | None:
+        """Who waits for `name` (read in the releasing transaction), and whose turn it is."""
+        addresses = [row[0] for row in conn.execute(self._sql.listeners, p)]
+        if not addresses:
+            return None
+        head = conn.execute(self._sql.queue_head, p).fetchone()
+        return _WakeUps(name, key, addresses, None if head is None else head[0])
+
+    def _ring(self, wake_up: _WakeUps) -> None:
+        gone = self._ringer.ring(wake_up.addresses, wake_up_payload(wake_up.name, wake_up.head))
+        if gone and len(self._gone) < 256:  # bounded; expiry cleans up the rest
+            self._gone.extend([(wake_up.key, address) for address in gone])
+
+    def _forget_gone(self, conn: sqlite3.Connection) -> None:
+        if not self._gone:
+            return
+        gone, self._gone = self._gone, []
+        conn.executemany(
+            self._sql.forget_listener, [{"name": key, "address": addr} for key, addr in gone]
+        )
+
+    def _collect(self, conn: sqlite3.Connection, p: dict[str, object]) -> None:
+        for statement in self._sql.collect:
+            conn.execute(statement, p)
+
+    # -- the primitives -----------------------------------------------------------
 
     def try_acquire(self, name: str, owner: str, ttl: float, queue_ttl: float | None) -> Attempt:
         sql = self._sql
+        key = stored_name(name)
 
-        def attempt(conn: sqlite3.Connection) -> Attempt:
-            now = self._clock.now()  # read under the write lock, as in every primitive
-            p = self._params(name, owner, now)
+        def attempt(conn: sqlite3.Connection, _: list[_WakeUps]) -> Attempt:
+            now = self.clock.now()  # read under the write lock, as in every primitive
+            p = self._params(key, owner, now)
             if queue_ttl is not None:
                 conn.execute(sql.purge_queue, p)
                 place = {**p, "expires_at": now + queue_ttl}
                 if conn.execute(sql.refresh_place, place).rowcount == 0:
                     conn.execute(sql.join_queue, place)
-            expires_at, fence = conn.execute(sql.probe, p).fetchone()
+            row = conn.execute(sql.probe, p).fetchone()
+            if row is None:
+                raise _NoCounter
+            expires_at, queued, last, boot, sweep, any_expired = row
             if expires_at is not None:
                 return Attempt(False, holder_ttl=expires_at - now)
-            if queue_ttl is not None:
+            if queued:
+                if queue_ttl is None:
+                    conn.execute(sql.purge_queue, p)
                 head = conn.execute(sql.queue_head, p).fetchone()
-                if head is None or head[0] != owner:
+                first = None if head is None else head[0]
+                # A fair attempt goes only from the head; any other yields to a live head.
+                if first != owner and (queue_ttl is not None or first is not None):
                     return Attempt(False)
                 conn.execute(sql.leave_queue, p)
-            token = (fence or 0) + 1
-            conn.execute(sql.set_fence, {"name": name, "token": token})
+            token = last + 1
+            if boot != self.clock.boot_id:
+                for statement in sql.forget_earlier_boots:
+                    conn.execute(statement, p)
+            swept = {**p, "sweep": sweep}
+            seen, last_seen, expired = conn.execute(sql.sweep, swept).fetchone()
+            if expired:
+                conn.execute(sql.sweep_expired, swept)
+            # A short batch means the end of the table: the next sweep starts over.
+            swept["sweep"] = last_seen if seen == SWEEP else ""
+            conn.execute(sql.next_token, {**swept, "token": token})
             conn.execute(sql.set_lock, {**p, "token": token, "expires_at": now + ttl})
+            if any_expired:
+                self._collect(conn, p)
             return Attempt(True, token=token)
 
         return self._write(name, attempt)
 
     def release(self, name: str, owner: str, hold_for: float) -> Outcome:
         sql = self._sql
+        key = stored_name(name)
 
-        def release(conn: sqlite3.Connection) -> Outcome:
-            now = self._clock.now()
-            p = self._params(name, owner, now)
+        def release(conn: sqlite3.Connection, wake_ups: list[_WakeUps]) -> Outcome:
+            now = self.clock.now()
+            p = self._params(key, owner, now)
             if hold_for > 0:
                 changed = conn.execute(sql.close_mine, {**p, "expires_at": now + hold_for})
             else:
                 changed = conn.execute(sql.delete_mine, p)
-            return Outcome.OK if changed.rowcount else self._why_not(conn, p)
+            if not changed.rowcount:
+                return self._why_not(conn, p)
+            if hold_for <= 0:
+                self._add(wake_ups, self._wake_ups(conn, name, key, p))
+            return Outcome.OK
 
         return self._write(name, release)
 
+    @staticmethod
+    def _add(wake_ups: list[_WakeUps], wake_up: _WakeUps | None) -> None:
+        if wake_up is not None:
+            wake_ups.append(wake_up)
+
     def extend(self, name: str, owner: str, ttl: float) -> Outcome:
         sql = self._sql
+        key = stored_name(name)
 
-        def extend(conn: sqlite3.Connection) -> Outcome:
-            now = self._clock.now()
-            p = self._params(name, owner, now)
+        def extend(conn: sqlite3.Connection, _: list[_WakeUps]) -> Outcome:
+            now = self.clock.now()
+            p = self._params(key, owner, now)
             changed = conn.execute(sql.extend_mine, {**p, "expires_at": now + ttl})
             return Outcome.OK if changed.rowcount else self._why_not(conn, p)
 
@@ -573,33 +638,78 @@ class SQLiteLocks:
         return Outcome.EXPIRED if found is None else Outcome.LOST
 
     def inspect(self, name: str) -> LockInfo | None:
-        # A plain read: WAL gives it a consistent snapshot without the write lock.
-        with self._errors(name), self._connection.lend() as conn:
-            now = self._clock.now()
-            row = conn.execute(self._sql.live_lock, self._params(name, "", now)).fetchone()
+        # A plain read: WAL gives it a consistent snapshot without the write lock, and
+        # it creates nothing (no file, no directory, no table).
+        with self._errors(name), self._connection.lend(write=False) as conn:
+            if conn is None:
+                return None
+            now = self.clock.now()
+            try:
+                row = conn.execute(
+                    self._sql.live_lock, self._params(stored_name(name), "", now)
+                ).fetchone()
+            except sqlite3.OperationalError as exc:
+                if "no such table" in str(exc):
+                    return None  # nothing was ever acquired in this file with this prefix
+                raise
         if row is None:
             return None
         owner, token, expires_at = row
         return LockInfo(name, owner, token, expires_at - now)
 
     def force_release(self, name: str) -> bool:
-        def force(conn: sqlite3.Connection) -> bool:
-            p = self._params(name, "", self._clock.now())
-            return conn.execute(self._sql.delete_live, p).rowcount > 0
+        key = stored_name(name)
+
+        def force(conn: sqlite3.Connection, wake_ups: list[_WakeUps]) -> bool:
+            p = self._params(key, "", self.clock.now())
+            if conn.execute(self._sql.delete_live, p).rowcount == 0:
+                return False
+            self._add(wake_ups, self._wake_ups(conn, name, key, p))
+            return True
 
         return self._write(name, force)
 
     def leave_queue(self, name: str, owner: str) -> bool:
         """Leave the queue; True when the caller was at its head (someone else may go now)."""
         sql = self._sql
+        key = stored_name(name)
 
-        def leave(conn: sqlite3.Connection) -> bool:
-            p = self._params(name, owner, self._clock.now())
+        def leave(conn: sqlite3.Connection, wake_ups: list[_WakeUps]) -> bool:
+            p = self._params(key, owner, self.clock.now())
             head = conn.execute(sql.queue_head, p).fetchone()
             conn.execute(sql.leave_queue, p)
-            return head is not None and head[0] == owner
+            was_head = head is not None and head[0] == owner
+            if was_head:
+                self._add(wake_ups, self._wake_ups(conn, name, key, p))
+            return was_head
 
         return self._write(name, leave)
 
+    def register(self, names: Sequence[str], address: bytes, ttl: float) -> tuple[float, float]:
+        """Have releases of `names` send a datagram to `address` for `ttl` seconds.
+
+        Returns the machine-clock reading taken in the transaction and the
+        registrations' new expiry, so the caller knows whether one had lapsed.
+        """
+
+        def register(conn: sqlite3.Connection, _: list[_WakeUps]) -> tuple[float, float]:
+            now = self.clock.now()
+            expires_at = now + ttl
+            rows = [
+                {
+                    "name": stored_name(name),
+                    "address": address,
+                    "expires_at": expires_at,
+                    "boot": self.clock.boot_id,
+                }
+                for name in names
+            ]
+            conn.executemany(self._sql.register, rows)
+            self._collect(conn, self._params("", "", now))
+            return now, expires_at
+
+        return self._write(names[0] if names else "", register)
+
     def close(self) -> None:
         self._connection.close()
+        self._ringer.close()

@@ -1,0 +1,509 @@
+"""What only the SQLite backend promises: pushed wake-ups between processes, its file's state.
+
+The contract suite already runs every lock behaviour on SQLite; these tests
+look at the file (rows, tables, the migration from an older layout), at the
+wake-up datagrams (another process's release wakes a waiter; a dead or stuck
+process never blocks a release; a dropped datagram still wakes everyone; fork)
+and at what `corral status` leaves behind (nothing). Each test uses its own
+file, so counting rows means something. Releases that must come from another
+process run in a child Python, and every wait has a generous deadline: a
+waiter that is never woken fails the test after it, instead of passing slowly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import corral
+import corral.aio
+from corral._sync.backends.sqlite import REGISTRATION_TTL, SQLiteBackend
+from corral.backends.sqlite_sql import MachineClock, stored_name
+from corral.backends.sqlite_wake import Doorbell, Ringer, wake_up_payload
+from corral.core.primitives import Outcome
+
+pytestmark = pytest.mark.backend("sqlite")
+
+DEADLINE = 30.0
+
+# The same primitive calls, made by another process: JSON on stdin (so any str,
+# NUL and lone surrogates included, survives the trip), one line of JSON back.
+OTHER_PROCESS = """
+import json, sys
+import corral
+url, calls = json.loads(sys.stdin.read())
+results = []
+with corral.connect(url) as store:
+    for method, args, *keywords in calls:
+        result = getattr(store.backend, method)(*args, **(keywords[0] if keywords else {}))
+        result = getattr(result, "acquired", result)  # an Attempt
+        results.append(getattr(result, "value", result))  # an Outcome
+print(json.dumps(results))
+"""
+
+ODD_NAMES = ["plain", "nul\x00byte", "lone \ud800 surrogate", "z" * 10_000]
+
+
+def in_other_process(url: str, *calls: tuple[Any, ...]) -> list[Any]:
+    """Run backend primitives in a child Python; returns what each returned."""
+    done = subprocess.run(
+        [sys.executable, "-c", OTHER_PROCESS],
+        input=json.dumps([url, calls]),
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+        check=True,
+    )
+    results: list[Any] = json.loads(done.stdout)
+    return results
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "locks.db"
+
+
+@pytest.fixture
+def url(db_path: Path) -> str:
+    return f"sqlite:///{db_path}"
+
+
+@pytest.fixture
+def store(url: str) -> Iterator[corral.Store]:
+    with corral.connect(url) as opened:
+        yield opened
+
+
+def query(path: Path, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        rows = conn.execute(sql, params).fetchall()
+        conn.commit()
+        return rows
+
+
+def fresh() -> str:
+    return f"n-{uuid.uuid4().hex[:10]}"
+
+
+# -- wake-ups ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("odd", ODD_NAMES, ids=lambda n: repr(n)[:16])
+@pytest.mark.parametrize("how", ["release", "force_release"])
+def test_a_release_in_another_process_wakes_the_waiter(
+    store: corral.Store, url: str, odd: str, how: str
+) -> None:
+    backend = store.backend
+    name = f"{fresh()}-{odd}"
+    assert backend.try_acquire(name, "holder", 60).acquired
+    with backend.waiter(name) as waiter:
+        assert not backend.try_acquire(name, "waiter", 60).acquired
+        args = [name, "holder"] if how == "release" else [name]
+        assert in_other_process(url, (how, args)) == ["ok" if how == "release" else True]
+        # Only a datagram can wake it: the release was not made in this process.
+        assert waiter.wait(DEADLINE)
+    assert backend.try_acquire(name, "waiter", 60).acquired
+
+
+def test_a_fair_lock_wakes_only_the_head_of_its_queue(store: corral.Store, url: str) -> None:
+    backend = store.backend
+    name, marker = fresh(), fresh()
+    assert backend.try_acquire(name, "holder", 60).acquired
+    assert backend.try_acquire(marker, "holder", 60).acquired
+    first = backend.waiter(name).for_owner("first")
+    second = backend.waiter(name).for_owner("second")
+    with first, second, backend.waiter(marker) as marker_waiter:
+        assert not backend.try_acquire(name, "first", 60, queue_ttl=30).acquired
+        assert not backend.try_acquire(name, "second", 60, queue_ttl=30).acquired
+        # Two releases from one socket arrive in order: once the marker's wake-up is
+        # seen, the listener is done with the one for `name`.
+        in_other_process(url, ("release", [name, "holder"]), ("release", [marker, "holder"]))
+        assert marker_waiter.wait(DEADLINE)
+        assert first.wait(0)
+        assert not second.wait(0)
+        assert backend.try_acquire(name, "first", 60, queue_ttl=30).acquired
+        # The head gives way without taking it: now the second is woken.
+        in_other_process(url, ("release", [name, "first"]))
+        assert second.wait(DEADLINE)
+
+
+def test_a_head_that_gives_up_wakes_the_next_one(store: corral.Store, url: str) -> None:
+    backend = store.backend
+    name = fresh()
+    assert backend.try_acquire(name, "holder", 60).acquired
+    with backend.waiter(name).for_owner("second") as second:
+        assert not in_other_process(url, ("try_acquire", [name, "first", 60], {"queue_ttl": 30}))[0]
+        assert not backend.try_acquire(name, "second", 60, queue_ttl=30).acquired
+        backend.force_release(name)  # wakes this process's waiters through the local bus
+        assert second.wait(DEADLINE)
+        assert not backend.try_acquire(name, "second", 60, queue_ttl=30).acquired
+        in_other_process(url, ("leave_queue", [name, "first"]))
+        assert second.wait(DEADLINE)
+        assert backend.try_acquire(name, "second", 60, queue_ttl=30).acquired
+
+
+async def test_the_asyncio_waiter_is_woken_by_another_process(url: str) -> None:
+    async with corral.aio.connect(url) as store:
+        backend = store.backend
+        name = fresh()
+        assert (await backend.try_acquire(name, "holder", 60)).acquired
+        async with backend.waiter(name) as waiter:
+            assert not (await backend.try_acquire(name, "waiter", 60)).acquired
+            await asyncio.to_thread(in_other_process, url, ("release", [name, "holder"]))
+            assert await waiter.wait(DEADLINE)
+
+
+def test_dead_and_stuck_processes_never_block_a_release(
+    store: corral.Store, db_path: Path, tmp_path: Path
+) -> None:
+    """A registration whose socket is gone is deleted; one whose process never reads
+    (stopped: its queue fills) only drops datagrams. No release waits or fails."""
+    backend = store.backend
+    name = fresh()
+    assert backend.try_acquire(name, "holder", 60).acquired
+    backend.release(name, "holder")  # the file and its tables exist from here on
+    stuck = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    stuck.bind(str(tmp_path / "stuck.sock"))
+    gone = str(tmp_path / "gone.sock").encode()
+    clock = MachineClock()
+    until = clock.now() + 600
+    for address in (gone, str(tmp_path / "stuck.sock").encode()):
+        query(
+            db_path,
+            "INSERT INTO corral_waiters (name, address, expires_at, boot) VALUES (?, ?, ?, ?)",
+            (name, address, until, clock.boot_id),
+        )
+    outcomes = []
+
+    def cycles() -> None:
+        for _ in range(40):
+            assert backend.try_acquire(name, "holder", 60).acquired
+            outcomes.append(backend.release(name, "holder"))
+
+    worker = threading.Thread(target=cycles)
+    worker.start()
+    worker.join(DEADLINE)
+    assert not worker.is_alive() and outcomes == [Outcome.OK] * 40
+    addresses = {row[0] for row in query(db_path, "SELECT address FROM corral_waiters")}
+    assert addresses == {str(tmp_path / "stuck.sock").encode()}
+    stuck.close()
+
+
+def test_a_dropped_datagram_wakes_every_waiter(store: corral.Store, url: str) -> None:
+    """While the listener cannot read, its queue fills and datagrams are dropped; the next
+    read sees a full queue and wakes everyone, so no waiter misses a release unseen."""
+    backend = store.backend
+    name, other = fresh(), fresh()
+    assert backend.try_acquire(name, "holder", 60).acquired
+    with backend.waiter(name) as waiter:
+        feed = backend._feed
+        assert feed is not None and feed._bell is not None
+        ringer = Ringer()
+        unrelated = wake_up_payload(other, None)
+        with feed._mutex:  # the listener blocks before handing anything out
+            for _ in range(feed._bell.overflow_at + 10):
+                ringer.ring([feed._bell.address], unrelated)
+        # Nothing was released for `name`: only the overflow rule can wake it.
+        assert waiter.wait(DEADLINE)
+        ringer.close()
+
+
+def test_the_doorbell_reports_a_possibly_dropped_datagram() -> None:
+    bell, ringer = Doorbell(), Ringer()
+    try:
+        payload = wake_up_payload("x", None)
+        for _ in range(bell.overflow_at - 1):
+            ringer.ring([bell.address], payload)
+        assert bell.drain() == ([payload] * (bell.overflow_at - 1), False)
+        for _ in range(bell.overflow_at + 5):
+            ringer.ring([bell.address], payload)
+        got, overflowed = bell.drain()
+        assert overflowed and len(got) >= bell.overflow_at
+    finally:
+        bell.close()
+        ringer.close()
+
+
+def test_a_lapsed_registration_is_renewed_and_its_waiters_re_attempt(
+    store: corral.Store, url: str, db_path: Path
+) -> None:
+    """A process stopped past its registration's expiry may have missed releases: the
+    listener registers again and wakes the waiters, so they re-attempt at once."""
+    backend = store.backend
+    name = fresh()
+    assert backend.try_acquire(name, "holder", 60).acquired
+    with backend.waiter(name) as waiter:
+        feed = backend._feed
+        assert feed is not None
+        # What a long stop looks like from here: the row expired and was collected.
+        query(db_path, "DELETE FROM corral_waiters")
+        with feed._mutex:
+            for entry in feed._names.values():
+                entry.registered_until = MachineClock().now() - 1
+        assert waiter.wait(DEADLINE)
+        assert query(db_path, "SELECT count(*) FROM corral_waiters") == [(1,)]
+        in_other_process(url, ("release", [name, "holder"]))
+        assert waiter.wait(DEADLINE)
+
+
+def test_a_registration_is_reused_while_fresh(store: corral.Store, db_path: Path) -> None:
+    backend = store.backend
+    name = fresh()
+    assert backend.try_acquire(name, "holder", 60).acquired
+    with backend.waiter(name):
+        (expires_at,) = query(db_path, "SELECT expires_at FROM corral_waiters")[0]
+    with backend.waiter(name):
+        assert query(db_path, "SELECT expires_at FROM corral_waiters") == [(expires_at,)]
+    assert expires_at - MachineClock().now() <= REGISTRATION_TTL
+
+
+def test_a_forked_child_makes_its_own_socket(store: corral.Store, url: str) -> None:
+    backend = store.backend
+    name, childs = fresh(), fresh()
+    assert backend.try_acquire(name, "holder", 60).acquired
+    assert backend.try_acquire(childs, "holder", 60).acquired
+    with backend.waiter(name) as waiter:
+        feed = backend._feed
+        assert feed is not None and feed._bell is not None
+        parents_address = feed._bell.address
+        ready_r, ready_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                with backend.waiter(childs) as child_waiter:
+                    child_feed = backend._feed
+                    assert child_feed is not None and child_feed._bell is not None
+                    if child_feed._bell.address == parents_address:
+                        code = 3
+                    os.write(ready_w, b"x")
+                    if not child_waiter.wait(DEADLINE):
+                        code = 4
+                store.close()
+            except BaseException:
+                code = 5
+            os._exit(code)
+        os.close(ready_w)
+        assert os.read(ready_r, 1) == b"x"
+        os.close(ready_r)
+        assert backend.release(childs, "holder") is Outcome.OK
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        # The child neither read nor closed the parent's socket.
+        in_other_process(url, ("release", [name, "holder"]))
+        assert waiter.wait(DEADLINE)
+
+
+# -- the file: names, bounded state, reboots, migration -----------------------------------
+
+
+def test_names_that_are_not_plain_text_are_stored_as_blobs(
+    store: corral.Store, db_path: Path
+) -> None:
+    names = {f"{fresh()}-{odd}": odd for odd in ODD_NAMES}
+    for name in names:
+        assert store.lock(name, ttl=60).acquire()
+    kinds = dict(query(db_path, "SELECT name, typeof(name) FROM corral_locks"))
+    for name in names:
+        key = stored_name(name)
+        assert kinds[key] == ("text" if isinstance(key, str) else "blob")
+    assert [kinds[stored_name(n)] for n in names] == ["text", "blob", "blob", "text"]
+    assert len({stored_name(n) for n in ["a", "a\x00", "\ud800", "\udcff", b"a".decode()]}) == 4
+
+
+def test_expired_queue_places_and_registrations_are_collected(
+    store: corral.Store, db_path: Path
+) -> None:
+    backend = store.backend
+    db = backend._db
+    names = [fresh() for _ in range(40)]
+    for name in names:
+        assert backend.try_acquire(name, "holder", 60).acquired
+        assert not backend.try_acquire(name, "dies", 60, queue_ttl=0.2).acquired
+        backend.release(name, "holder")
+    db.register(names, b"\0corral-dead-process", 0.2)
+    assert query(db_path, "SELECT count(*) FROM corral_queue") == [(40,)]
+    assert query(db_path, "SELECT count(*) FROM corral_waiters") == [(40,)]
+    time.sleep(0.5)
+    for _ in range(10):
+        name = fresh()
+        assert backend.try_acquire(name, "traffic", 60).acquired
+        backend.release(name, "traffic")
+    assert query(db_path, "SELECT count(*) FROM corral_queue") == [(0,)]
+    assert query(db_path, "SELECT count(*) FROM corral_waiters") == [(0,)]
+
+
+def test_expired_locks_are_swept_whatever_their_names(store: corral.Store, db_path: Path) -> None:
+    backend = store.backend
+    held = [f"held-{i:03d}" for i in range(100)]
+    expiring = [f"{prefix}-{i:03d}" for i in range(100) for prefix in ("a", "m", "\ud800")]
+    for name in held:
+        assert backend.try_acquire(name, "holder", 60).acquired
+    for name in expiring:
+        assert backend.try_acquire(name, "crashed", 0.2).acquired
+    time.sleep(0.5)
+    # The table holds 400 rows; SWEEP=32 rows per acquisition sweep it whole in 13.
+    for _ in range(13):
+        name = fresh()
+        assert backend.try_acquire(name, "traffic", 60).acquired
+        backend.release(name, "traffic")
+    left = {row[0] for row in query(db_path, "SELECT name FROM corral_locks")}
+    assert left == set(held)
+
+
+class OtherBoot(MachineClock):
+    """This machine's clock, but as if written in an earlier boot."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.boot_id = f"earlier-{uuid.uuid4().hex}"
+
+
+def test_rows_of_an_earlier_boot_are_deleted_by_the_first_acquisition(
+    db_path: Path,
+) -> None:
+    before = SQLiteBackend(str(db_path), machine_clock=OtherBoot())
+    names = [fresh() for _ in range(20)]
+    tokens = []
+    for name in names:
+        attempt = before.try_acquire(name, "holder", 600)
+        tokens.append(attempt.token)
+        assert not before.try_acquire(name, "waiter", 600, queue_ttl=600).acquired
+    before._db.register(names, b"\0corral-earlier", 600)
+    before.close()
+    with corral.connect(f"sqlite:///{db_path}") as store:
+        lock = store.lock(names[0], ttl=60)
+        assert lock.acquire()  # held "600 s" by a holder of an earlier boot: free now
+        assert lock.token is not None and lock.token > max(t for t in tokens if t is not None)
+        for table in ("queue", "waiters"):
+            assert query(db_path, f"SELECT count(*) FROM corral_{table}") == [(0,)]
+        assert query(db_path, "SELECT count(*) FROM corral_locks") == [(1,)]
+
+
+OLD_SCHEMA = (
+    "CREATE TABLE corral_locks (name TEXT PRIMARY KEY, owner TEXT, token INTEGER NOT NULL,"
+    " expires_at REAL NOT NULL, boot TEXT NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE corral_fences (name TEXT PRIMARY KEY, token INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE corral_queue (name TEXT NOT NULL, owner TEXT NOT NULL, seq INTEGER NOT NULL,"
+    " expires_at REAL NOT NULL, boot TEXT NOT NULL, PRIMARY KEY (name, owner)) WITHOUT ROWID",
+    "CREATE INDEX corral_queue_order ON corral_queue (name, seq)",
+)
+
+
+def test_a_file_of_the_older_layout_keeps_its_locks_and_tokens(db_path: Path) -> None:
+    clock = MachineClock()
+    with contextlib.closing(sqlite3.connect(db_path)) as conn:
+        conn.execute("PRAGMA journal_mode = WAL")
+        for statement in OLD_SCHEMA:
+            conn.execute(statement)
+        conn.executemany(
+            "INSERT INTO corral_fences VALUES (?, ?)", [("used", 41), ("held", 7), ("old", 3)]
+        )
+        conn.execute(
+            "INSERT INTO corral_locks VALUES ('held', 'old-owner', 7, ?, ?)",
+            (clock.now() + 600, clock.boot_id),
+        )
+        conn.commit()
+    with corral.connect(f"sqlite:///{db_path}") as store:
+        info = store.lock_info("held")
+        assert info is not None and (info.owner, info.token) == ("old-owner", 7)
+        assert not store.lock("held", ttl=60).acquire()
+        tokens = []
+        for name in ("used", "old", "new"):
+            lock = store.lock(name, ttl=60)
+            assert lock.acquire()
+            assert lock.token is not None
+            tokens.append(lock.token)
+            lock.release()
+        assert min(tokens) > 41 and tokens == sorted(tokens)
+        assert query(db_path, "SELECT count(*) FROM corral_fences") == [(0,)]
+        # An older corral still running on the file cannot hand out tokens from fences...
+        with pytest.raises(sqlite3.IntegrityError, match="upgrade corral"):
+            query(db_path, "INSERT OR REPLACE INTO corral_fences VALUES ('used', 42)")
+        # ...but its holder can still release: its statement is unchanged.
+        query(
+            db_path,
+            "DELETE FROM corral_locks WHERE name = 'held' AND owner = 'old-owner'"
+            " AND boot = ? AND expires_at > ?",
+            (clock.boot_id, clock.now()),
+        )
+        assert store.lock_info("held") is None
+        lock = store.lock("held", ttl=60)
+        assert lock.acquire() and lock.token is not None and lock.token > max(tokens)
+
+
+def test_the_first_use_by_many_processes_at_once_creates_the_tables_once(url: str) -> None:
+    calls = [("try_acquire", [f"first-{i}", "owner", 60]) for i in range(3)]
+    with contextlib.ExitStack() as stack:
+        children = [
+            stack.enter_context(
+                subprocess.Popen(
+                    [sys.executable, "-c", OTHER_PROCESS],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+            )
+            for _ in range(6)
+        ]
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.write(json.dumps([url, calls]))
+            child.stdin.close()
+        results = []
+        for child in children:
+            assert child.stdout is not None
+            results.append(json.loads(child.stdout.read()))
+            assert child.wait(DEADLINE) == 0
+    # Each name was granted to exactly one process.
+    for index in range(3):
+        assert sum(1 for got in results if got[index]) == 1
+
+
+# -- reads create nothing -------------------------------------------------------------------
+
+
+def test_inspecting_a_store_that_does_not_exist_creates_nothing(tmp_path: Path) -> None:
+    missing = tmp_path / "not" / "there" / "locks.db"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "corral", "status", "report", "--url", f"sqlite:///{missing}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+    )
+    assert done.returncode == 0 and "not held" in done.stdout, done.stderr
+    with corral.connect(f"sqlite:///{missing}") as store:
+        assert store.lock_info("report") is None
+        assert not store.lock("report").locked()
+    assert not (tmp_path / "not").exists()
+    # The first write creates the directory and the file.
+    with corral.connect(f"sqlite:///{missing}") as store:
+        assert store.lock("report", ttl=10).acquire()
+    assert missing.exists()
+
+
+def test_inspecting_a_file_without_tables_leaves_it_as_it_was(tmp_path: Path) -> None:
+    path = tmp_path / "empty.db"
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("CREATE TABLE other (x)")
+        conn.commit()
+    with corral.connect(f"sqlite:///{path}", table_prefix="app_") as store:
+        assert store.lock_info("report") is None
+    assert query(path, "SELECT name FROM sqlite_master") == [("other",)]
+    assert query(path, "PRAGMA journal_mode") == [("delete",)]
