@@ -133,6 +133,13 @@ class WakeFeed:
         with self._mutex:
             entry.registered_until = max(entry.registered_until, until)
 
+    def retarget(self, key: bytes, event: Event, owner: str | None) -> None:
+        """The waiter behind `event` now waits as `owner` (it joined the lock's queue)."""
+        with self._mutex:
+            entry = self._names.get(key)
+            if entry is not None and event in entry.events:
+                entry.events[event] = None if owner is None else digest(owner)
+
     def leave(self, key: bytes, event: Event) -> None:
         """Undo one `join`; the registration is left to expire (a next waiter may reuse it)."""
         with self._mutex:
@@ -169,10 +176,12 @@ class WakeFeed:
                     if wake_up is None or entry is None:
                         continue
                     head = wake_up.head
+                    # Naming the queue's head wakes only it: nobody else may take the
+                    # lock before it (waiters outside the queue re-check on their timers).
                     ready.extend(
                         event
                         for event, mine in entry.events.items()
-                        if head is None or mine is None or mine == head
+                        if head is None or mine == head
                     )
         for event in ready:
             event.set()
@@ -309,6 +318,11 @@ class SQLiteWaiter(SubscribingWaiter):
     def _leave(self, feed: Feed) -> None:
         assert isinstance(feed, WakeFeed)
         feed.leave(self._key, self._event)
+
+    def _owner_changed(self) -> None:
+        feed = self._feed
+        if isinstance(feed, WakeFeed):
+            feed.retarget(self._key, self._event, self.owner)
 
 
 class SQLiteBackend(Backend):
