@@ -22,6 +22,7 @@ import argparse
 import itertools
 import json
 import multiprocessing as mp
+import os
 import statistics
 import sys
 import tempfile
@@ -51,6 +52,26 @@ def raw_floor(url: str, name: str) -> tuple[Callable[[], bool], Callable[[], Non
 
     def acquire() -> bool:
         return bool(client.set(name, token, nx=True, px=30000))
+
+    def release() -> None:
+        script(keys=[name], args=[token])
+
+    return acquire, release
+
+
+def raw_polling_floor(url: str, name: str) -> tuple[Callable[..., bool], Callable[[], None]]:
+    """The simplest correct lock under contention: SET NX PX, retried every millisecond."""
+    client = redis.Redis.from_url(url)
+    script = client.register_script(CAD)
+    token = uuid.uuid4().hex
+
+    def acquire(wait: float | None = 0.0) -> bool:
+        deadline = None if wait is None else time.monotonic() + wait
+        while not client.set(name, token, nx=True, px=30000):
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.001)
+        return True
 
     def release() -> None:
         script(keys=[name], args=[token])
@@ -123,6 +144,7 @@ UNCONTENDED = {
 }
 
 CONTENDED = {
+    "raw SET NX PX, polling every 1 ms (floor)": raw_polling_floor,
     "corral": corral_lock,
     "corral fair=True": corral_fair,
     "redis-py Lock": redis_py_lock,
@@ -213,6 +235,21 @@ def contended(url: str, label: str, workers: int, seconds: float, hold: float) -
     }
 
 
+def pin(server_pid: int | None, client_core: int) -> None:
+    """Put the server on core 0 and this client on `client_core` (0: share it, 1: apart)."""
+    if server_pid is not None:
+        os.sched_setaffinity(server_pid, {0})
+    os.sched_setaffinity(0, {client_core})
+
+
+def uncontended_table(rates: dict[str, float], title: str) -> list[str]:
+    floor = rates["raw SET NX PX + EVALSHA (floor)"]
+    lines = [title, "", "| library | cycles/s | x floor |", "|---|---:|---:|"]
+    for label, rate in rates.items():
+        lines.append(f"| {label} | {rate:,.0f} | {rate / floor:.2f} |")
+    return lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run, not for numbers")
@@ -228,34 +265,43 @@ def main() -> int:
 
         server = start_redis(Path(tempfile.mkdtemp(prefix="corral-bench-")))
         url = server.url
+    everywhere = os.sched_getaffinity(0)
     try:
         info = redis.Redis.from_url(url).info("server")
         print(f"redis-server {info['redis_version']} at {url}", file=sys.stderr)
-        rates = uncontended(url, rounds, cycles)
-        floor = rates["raw SET NX PX + EVALSHA (floor)"]
-        lines = [
-            f"### Uncontended acquire + release ({rounds} interleaved rounds of {cycles} "
-            "cycles, median)",
-            "",
-            "| library | cycles/s | x floor |",
-            "|---|---:|---:|",
-        ]
-        for label, rate in rates.items():
-            lines.append(f"| {label} | {rate:,.0f} | {rate / floor:.2f} |")
+        lines: list[str] = []
+        placements = [("client and server on one core", 0), ("client and server apart", 1)]
+        if server is None or len(everywhere) < 2:
+            placements = [("unpinned", -1)]
+        for placement, core in placements:
+            if core >= 0:
+                pin(server.pid if server is not None else None, core)
+            rates = uncontended(url, rounds, cycles)
+            lines += uncontended_table(
+                rates,
+                f"### Uncontended acquire + release, {placement} ({rounds} interleaved rounds "
+                f"of {cycles} cycles, median)",
+            )
+            lines.append("")
+        os.sched_setaffinity(0, everywhere)
+        if server is not None:
+            os.sched_setaffinity(server.pid, everywhere)
         lines += [
-            "",
             f"### 8 processes contending for one key, holding 1 ms ({seconds:.0f} s each)",
             "",
-            "| library | acq/s | handoff p50 ms | handoff p99 ms | wait p99 ms | wait max ms "
-            "| fairness (min/max) |",
-            "|---|---:|---:|---:|---:|---:|---:|",
+            "| library | acq/s | x floor | handoff p50 ms | handoff p99 ms | wait p99 ms "
+            "| wait max ms | fairness (min/max) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
+        floor = None
         for label in CONTENDED:
             print(f"  contended: {label}", file=sys.stderr, flush=True)
             r = contended(url, label, 8, seconds, 0.001)
+            floor = floor or r["acq/s"]
             lines.append(
-                f"| {label} | {r['acq/s']:,.0f} | {r['handoff p50 ms']:.2f} "
-                f"| {r['handoff p99 ms']:.2f} | {r['wait p99 ms']:.1f} | {r['wait max ms']:.1f} "
+                f"| {label} | {r['acq/s']:,.0f} | {r['acq/s'] / floor:.2f} "
+                f"| {r['handoff p50 ms']:.2f} | {r['handoff p99 ms']:.2f} "
+                f"| {r['wait p99 ms']:.1f} | {r['wait max ms']:.1f} "
                 f"| {r['fairness']:.2f} ({r['min/max']}) |"
             )
         table = "\n".join(lines)
