@@ -20,6 +20,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 import corral
 import corral.aio
@@ -173,6 +174,7 @@ def test_url_options_credentials_and_server() -> None:
     assert (options.timeout, options.schema, options.table_prefix) == (2.0, "coord", "x_")
     assert options.max_connections == 4
     assert "sslmode=require" in options.conninfo and "s3cret" in options.conninfo
+    assert "s3cret" not in repr(options)
     multi = parse_url("postgres://h1:5432,h2:5433/db?target_session_attrs=read-write", {})
     assert multi.server == "postgres://h1:5432,h2:5433/db"
     with pytest.raises(ConfigError, match="colour"):
@@ -197,6 +199,44 @@ def test_errors_name_the_server_and_never_the_password() -> None:
         assert time.monotonic() - began < 5
     message = str(caught.value)
     assert "127.0.0.1:1" in message and "report" in message and "s3cret" not in message
+
+
+def test_passwords_reach_libpq_and_nothing_else() -> None:
+    """The password is taken out of the URL before libpq reads it (so no libpq message can
+    quote it), decoded as libpq would, and given to libpq apart; the query's wins."""
+    cases = {
+        "postgresql://app:p%40ss%2Fw%3Ard%25@h/db": "p@ss/w:rd%",
+        "postgresql://app:first@h/db?password=second": "second",
+        "postgresql://app@h/db?password=s3cret&sslmode=require": "s3cret",
+        "postgresql://app:pa?ss@h/db": "pa?ss",  # as libpq reads it: up to the first @
+    }
+    for url, password in cases.items():
+        options = parse_url(url, {})
+        assert conninfo_to_dict(options.conninfo)["password"] == password
+        assert password not in repr(options) and password not in options.server
+    secret = parse_url("postgresql://h/db?sslpassword=k3yPW&sslmode=require", {})
+    assert conninfo_to_dict(secret.conninfo)["sslpassword"] == "k3yPW"
+    for bad, why in [
+        ("postgresql://app:p@ss@h/db", "%40"),  # which @ ends the password is a guess
+        ("postgresql://app:s3cret%zz@h/db", "%25"),
+        ("postgresql://app:s3cret%00@h/db", "%00"),
+        ("postgresql://app:s3cret@[::1/db", "valid"),
+        ("postgresql://h/db?sslpassword=s3cret&bogus=1", "bogus"),
+    ]:
+        with pytest.raises(ConfigError, match=why) as caught:
+            parse_url(bad, {})
+        assert "s3cret" not in str(caught.value) and "ss@" not in str(caught.value)
+
+
+def test_libpq_parameters_pass_and_unknown_ones_are_named() -> None:
+    options = parse_url("postgresql://h/db?sslmode=verify-full&sslrootcert=/ca.pem", {})
+    params = conninfo_to_dict(options.conninfo)
+    assert (params["sslmode"], params["sslrootcert"]) == ("verify-full", "/ca.pem")
+    with pytest.raises(ConfigError) as caught:
+        corral.connect("postgresql://h/db?sslmod=require")
+    message = str(caught.value)
+    for named in ("sslmod", "timeout", "schema", "table_prefix", "max_connections", "libpq"):
+        assert named in message
 
 
 # -- wake-ups -------------------------------------------------------------------------

@@ -62,6 +62,12 @@ notifications until every listener has read them, so a process frozen while
 it LISTENs (SIGSTOP, a debugger) makes the queue grow; only after 8 GB of it
 would releases start failing, and terminating that session ends it.
 
+**Passwords.** The password (from the URL's user info or its query, like
+`sslpassword` and libpq's other secrets) is taken out of the URL before libpq
+parses the rest, so no libpq message about a malformed URL can quote it; it
+goes into the connection string only, which nothing prints (`PostgresOptions`
+leaves it out of its repr).
+
 **Timeouts.** libpq has no timeout for a statement already sent: a server
 that stops answering (SIGSTOP, a hung VM, a dropped route) leaves the client
 waiting on its socket forever, and a server-side `statement_timeout` cannot
@@ -74,6 +80,7 @@ psycopg then discards the connection.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import itertools
 import math
@@ -84,10 +91,11 @@ import socket
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from urllib.parse import parse_qsl, quote, urlencode
+from dataclasses import dataclass, field
+from urllib.parse import quote, unquote_to_bytes, urlencode
 
 from corral.backends.registry import redact
+from corral.core.options import Option, merge_options
 from corral.core.validate import check_timeout
 from corral.errors import ConfigError
 
@@ -97,6 +105,7 @@ __all__ = [
     "DEFAULT_TABLE_PREFIX",
     "DEFAULT_TIMEOUT",
     "MAX_PAYLOAD",
+    "OPTIONS",
     "PostgresOptions",
     "Statements",
     "Watchdog",
@@ -121,7 +130,48 @@ _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MAX_SCHEMA = 63
 # The longest derived name is "<prefix>queue_arrival_seq": 17 more bytes, within 63.
 _MAX_PREFIX = 40
-_OPTIONS = ("timeout", "schema", "table_prefix", "max_connections", "pool_size")
+# libpq parameters whose values are secrets: kept out of every text libpq may quote.
+_SECRET_PARAMS = (
+    "password",
+    "sslpassword",
+    "oauth_client_secret",
+    "scram_client_key",
+    "scram_server_key",
+)
+_SECRET_QUERY = re.compile(r"(?i)((?:^|[?&])(?:" + "|".join(_SECRET_PARAMS) + r")=)[^&]*")
+_BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "timeout",
+        "5",
+        "seconds any call may take: waiting for a pooled connection, connecting, and each "
+        "statement (the server's statement_timeout, and a watchdog for a server that stops "
+        "answering)",
+        example="2",
+    ),
+    Option(
+        "schema",
+        "`public`",
+        "the schema of corral's tables (created on first use unless it exists)",
+        example="public",
+    ),
+    Option(
+        "table_prefix",
+        "`corral_`",
+        "starts the names of corral's tables, sequence and NOTIFY channel: stores with "
+        "different prefixes share nothing",
+        example="corral_",
+    ),
+    Option(
+        "max_connections",
+        "10",
+        "the most pooled connections per store and process, plus one that LISTENs while "
+        "someone waits",
+        example="4",
+    ),
+    Option("pool_size", "10", "another name for max_connections", example="4"),
+)
 
 
 # -- the URL ----------------------------------------------------------------------
@@ -129,14 +179,14 @@ _OPTIONS = ("timeout", "schema", "table_prefix", "max_connections", "pool_size")
 
 @dataclass(frozen=True, slots=True)
 class PostgresOptions:
-    conninfo: str
+    conninfo: str = field(repr=False)
     """libpq connection string, password included: never shown to anyone."""
-    listen_conninfo: str
+    listen_conninfo: str = field(repr=False)
     """The same, with TCP keepalives (unless given) for the long-lived LISTEN connection."""
     server: str
     """Where it points, for messages: no password, no query."""
-    password: str | None
-    """Scrubbed from any error text that might quote it."""
+    secrets: tuple[str, ...] = field(default=(), repr=False)
+    """The password and any other secret given: scrubbed from any error text, just in case."""
     timeout: float = DEFAULT_TIMEOUT
     schema: str = DEFAULT_SCHEMA
     table_prefix: str = DEFAULT_TABLE_PREFIX
@@ -147,44 +197,44 @@ def parse_url(url: str, options: Mapping[str, object]) -> PostgresOptions:
     """`postgresql://user:password@host:port/db?sslmode=…`, options from keywords or the query.
 
     libpq parameters in the query (`sslmode`, `sslrootcert`, `connect_timeout`,
-    `target_session_attrs`, …) pass through to libpq untouched; corral's own
-    options (timeout, schema, table_prefix, max_connections or its alias
-    pool_size) may be given as keywords or in the query, so `CORRAL_URL` and
-    `--url` can carry them.
+    `target_session_attrs`, …) pass through to libpq; corral's own options
+    (`OPTIONS`) may be given as keywords or in the query, so `CORRAL_URL` and
+    `--url` can carry them. Everything is checked here, before any connection.
     """
     from psycopg import Error as PsycopgError
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-    shown = redact(url)
+    shown = _redact(url)
     scheme, sep, rest = url.partition("://")
     if not sep or scheme.lower() not in ("postgresql", "postgres"):
         raise ConfigError(f"{shown}: not a postgresql:// URL")
-    unknown = sorted(set(options) - set(_OPTIONS))
+    rest, password = _take_password(rest, shown)
+    base, _, query = rest.partition("?")
+    given, passthrough = merge_options(
+        shown, query, options, OPTIONS, backend="postgres", passthrough=True
+    )
+    secrets: dict[str, str] = {} if password is None else {"password": password}
+    kept: list[tuple[str, str]] = []
+    unknown: list[str] = []
+    for key, value in passthrough:
+        if key in _SECRET_PARAMS:
+            secrets[key] = value  # as in libpq, the query overrides the user info
+        elif key in _libpq_parameters():
+            kept.append((key, value))
+        else:
+            unknown.append(key)
     if unknown:
         raise ConfigError(
-            f"{shown}: unknown option(s) {', '.join(unknown)}; the postgres backend takes "
-            f"{', '.join(_OPTIONS)} (libpq parameters such as sslmode go in the URL's query)"
+            f"{shown}: unknown option(s) {', '.join(sorted(unknown))}; the postgres backend "
+            f"takes {', '.join(sorted(o.name for o in OPTIONS))}, and libpq's connection "
+            "parameters (sslmode, sslrootcert, connect_timeout, …) in the URL's query"
         )
-    given: dict[str, object] = dict(options)
-    base, _, query = rest.partition("?")
-    kept: list[tuple[str, str]] = []
-    if query:
-        try:
-            pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=True)
-        except ValueError as exc:
-            raise ConfigError(f"{shown}: cannot parse the query after '?' ({exc})") from None
-        for key, value in pairs:
-            if key not in _OPTIONS:
-                kept.append((key, value))
-            elif key in given:
-                raise ConfigError(f"{shown}: option {key!r} is given twice")
-            else:
-                given[key] = value
     libpq_url = f"{scheme}://{base}" + (f"?{urlencode(kept, quote_via=quote)}" if kept else "")
     try:
+        # No secret is left in this text, so libpq's message may quote it.
         params = conninfo_to_dict(libpq_url)
     except PsycopgError as exc:
-        raise ConfigError(f"{shown}: not a valid PostgreSQL URL ({exc})") from None
+        raise ConfigError(f"{shown}: not a valid PostgreSQL URL ({_one_line(exc)})") from None
 
     timeout = check_timeout(given.pop("timeout", DEFAULT_TIMEOUT), shown)
     schema = _identifier(given.pop("schema", DEFAULT_SCHEMA), "schema", _MAX_SCHEMA, shown)
@@ -196,22 +246,76 @@ def parse_url(url: str, options: Mapping[str, object]) -> PostgresOptions:
     size = given.pop("max_connections", given.pop("pool_size", DEFAULT_MAX_CONNECTIONS))
     max_connections = _count(size, "max_connections", shown)
 
-    password = params.get("password")
+    params.update(secrets)
     # libpq waits forever for a connection by default; psycopg enforces this one itself.
     params.setdefault("connect_timeout", str(max(2, math.ceil(timeout))))
     params.setdefault("application_name", "corral")
     # The LISTEN connection only ever reads: keepalives notice a dead peer on it.
     listen = {"keepalives_idle": "10", "keepalives_interval": "5", "keepalives_count": "3"}
+    try:
+        conninfo = make_conninfo("", **params)
+        listen_conninfo = make_conninfo("", **{**listen, **params})
+    except PsycopgError:
+        # Its message would quote the connection string, secrets included.
+        raise ConfigError(f"{shown}: not a valid PostgreSQL URL") from None
     return PostgresOptions(
-        conninfo=make_conninfo("", **params),
-        listen_conninfo=make_conninfo("", **{**listen, **params}),
+        conninfo=conninfo,
+        listen_conninfo=listen_conninfo,
         server=_server(scheme.lower(), params),
-        password=str(password) if password else None,
+        secrets=tuple(value for value in secrets.values() if value),
         timeout=timeout,
         schema=schema,
         table_prefix=prefix,
         max_connections=max_connections,
     )
+
+
+def _redact(url: str) -> str:
+    """The URL for messages: no password, in the user info or in the query."""
+    return _SECRET_QUERY.sub(r"\1***", redact(url))
+
+
+def _take_password(rest: str, shown: str) -> tuple[str, str | None]:
+    """`rest` (the URL after `://`) without the password of its user info, and that password.
+
+    The user info ends, as libpq reads it, at the first `@` before the first
+    `/`. An `@` in a user name or password must be written `%40`: with two
+    before the query, which one ends the user info is a guess, and a wrong
+    guess would put a piece of the password where messages quote the URL.
+    """
+    region = rest.split("/", 1)[0]
+    at = region.find("@")
+    if at < 0:
+        return rest, None
+    if region.split("?", 1)[0].count("@") > 1:
+        raise ConfigError(f"{shown}: the URL's user name or password contains '@'; write it as %40")
+    user, colon, password = rest[:at].partition(":")
+    remainder = f"{user}@{rest[at + 1 :]}"
+    if not colon or not password:
+        return remainder, None
+    if _BAD_PERCENT.search(password):
+        raise ConfigError(
+            f"{shown}: the URL's password has a '%' that does not start a %XX escape; "
+            "write % itself as %25"
+        )
+    raw = unquote_to_bytes(password)
+    if b"\0" in raw:
+        raise ConfigError(f"{shown}: the URL's password contains %00, which libpq refuses")
+    try:
+        return remainder, raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{shown}: the URL's password is not UTF-8 once decoded") from None
+
+
+@functools.lru_cache(maxsize=1)
+def _libpq_parameters() -> frozenset[str]:
+    from psycopg import pq
+
+    return frozenset(option.keyword.decode() for option in pq.Conninfo.get_defaults())
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def _server(scheme: str, params: Mapping[str, object]) -> str:

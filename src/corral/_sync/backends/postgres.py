@@ -62,6 +62,7 @@ from corral._sync.backends.base import Backend, Feed, SubscribingWaiter
 from corral.backends import postgres_sql as sql
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock
+from corral.core.options import Option
 from corral.core.primitives import Attempt, LockInfo, Outcome
 from corral.errors import BackendError, BackendUnavailable, ConfigError
 
@@ -258,6 +259,7 @@ class PostgresBackend(Backend):
             "with an error instead"
         ),
     )
+    url_options: ClassVar[tuple[Option, ...]] = sql.OPTIONS
 
     def __init__(self, options: sql.PostgresOptions) -> None:
         super().__init__()
@@ -394,8 +396,8 @@ class PostgresBackend(Backend):
         """The corral error for a psycopg failure: names the lock and server, says what to do."""
         where = f"lock {name!r} on {self.server}: could not {action} it"
         text = " ".join(str(exc).split()) or type(exc).__name__
-        if self._options.password:
-            text = text.replace(self._options.password, "***")
+        for secret in self._options.secrets:
+            text = text.replace(secret, "***")  # libpq never quotes one; just in case
         if isinstance(exc, (_Closed, PoolClosed)):
             return BackendError(f"{where}: the store is closed; open a new one")
         if timed_out or isinstance(exc, pg_errors.QueryCanceled):
