@@ -1,15 +1,18 @@
 """What only the PostgreSQL backend promises: its schema, its pool, its wake-ups, its faults.
 
 The contract suite already runs every lock behaviour on PostgreSQL; these
-tests look at the server itself (tables, sessions, transactions, roles) and
-at the faults only a database has (a restart keeps the locks, a killed LISTEN
-session, a whole server frozen).
+tests look at the server itself (tables, keys, sessions, transactions, roles,
+TLS) and at the faults only a database has (a restart keeps the locks, a
+killed LISTEN session, a whole server frozen, a statement that stalls after
+drawing its token, Ctrl-C while a statement is in flight).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
+import secrets
 import signal
 import threading
 import time
@@ -24,7 +27,14 @@ from psycopg.conninfo import conninfo_to_dict
 
 import corral
 import corral.aio
-from corral.backends.postgres_sql import migration_sql, parse_url
+from corral.backends.postgres_sql import (
+    READABLE_CHARS,
+    SWEEP_EVERY,
+    lock_key,
+    migration_sql,
+    parse_url,
+)
+from corral.core.primitives import Attempt
 from corral.errors import BackendError, BackendUnavailable, ConfigError
 from tests.conftest import start_server
 
@@ -43,6 +53,21 @@ def query(url: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
 
 def with_query(url: str, extra: str) -> str:
     return f"{url}{'&' if '?' in url else '?'}{extra}"
+
+
+def rows_of(url: str, store: Any) -> list[tuple[Any, ...]]:
+    """Every (key, owner) row of the store's lock table, and every (key, owner) place."""
+    statements = store.backend._sql
+    return query(url, f"SELECT name, owner FROM {statements.locks} ORDER BY name") + query(
+        url, f"SELECT name, owner FROM {statements.queue} ORDER BY name"
+    )
+
+
+def wait_until(condition: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never came true"
+        time.sleep(0.02)
 
 
 # -- the schema ---------------------------------------------------------------------
@@ -177,6 +202,13 @@ def test_url_options_credentials_and_server() -> None:
     assert "s3cret" not in repr(options)
     multi = parse_url("postgres://h1:5432,h2:5433/db?target_session_attrs=read-write", {})
     assert multi.server == "postgres://h1:5432,h2:5433/db"
+    # Keys are sent as UTF-8 whatever the URL says (they may hold any character).
+    assert (
+        conninfo_to_dict(parse_url("postgresql://h/db?client_encoding=LATIN1", {}).conninfo)[
+            "client_encoding"
+        ]
+        == "UTF8"
+    )
     with pytest.raises(ConfigError, match="colour"):
         corral.connect("postgresql://u:s3cret@h/db", colour="blue")
     with pytest.raises(ConfigError, match="not both"):
@@ -239,12 +271,237 @@ def test_libpq_parameters_pass_and_unknown_ones_are_named() -> None:
         assert named in message
 
 
+# -- names ------------------------------------------------------------------------------
+
+
+def test_lock_key_keeps_plain_names_and_hashes_the_rest() -> None:
+    for plain in ("report", "init-user:42", "é€😀", "x" * 1024, "é" * 512):
+        assert lock_key(plain) == plain
+    for odd in ("x" * 1025, "é" * 513, "nul\x00byte", "lone \ud800", secrets.token_hex(1600)):
+        key = lock_key(odd)
+        digest = hashlib.sha256(odd.encode("utf-8", "surrogatepass")).hexdigest()
+        assert key == lock_key(odd) and key.endswith("#sha256:" + digest)
+        assert key.startswith(odd[:READABLE_CHARS].replace("\x00", "?").replace("\ud800", "?"))
+        assert "\x00" not in key and len(key.encode()) < 400
+        # A name spelled like a hashed key is hashed itself: the two forms never meet.
+        assert lock_key(key) != key
+    # A database that stores only ASCII gets ASCII keys.
+    assert lock_key("plain", ascii_only=True) == "plain"
+    assert lock_key("é€😀", ascii_only=True).isascii()
+
+
+@pytest.mark.parametrize(
+    "odd", [secrets.token_hex(1600), "nul\x00byte", "x" * 5000], ids=["random", "nul", "long"]
+)
+def test_names_postgres_cannot_store_as_given_are_locks_too(
+    backend_url: str, name: str, odd: str
+) -> None:
+    """Reproduces a failure: a 3.2 kB name that does not compress overflowed btree's row
+    limit, and NUL is not text to PostgreSQL."""
+    lock_name = name + odd
+    with corral.connect(backend_url) as store, corral.connect(backend_url) as other:
+        lock = store.lock(lock_name, ttl=10)
+        assert lock.acquire()
+        info = other.lock_info(lock_name)
+        assert info is not None and (info.name, info.owner) == (lock_name, lock.owner)
+        assert not other.lock(lock_name, ttl=10).acquire()
+        # Operators see which lock a row is.
+        key = lock_key(lock_name)
+        assert [row for row in rows_of(backend_url, store) if row[0] == key] == [(key, lock.owner)]
+        assert key.startswith(name)
+        # The stored key used as a name is another lock.
+        twin = other.lock(key, ttl=10)
+        assert twin.acquire()
+        twin.release()
+        assert other.force_release(lock_name)
+        assert store.lock_info(lock_name) is None
+        assert not [row for row in rows_of(backend_url, store) if row[0] == key]
+
+
+@pytest.mark.parametrize("odd", ["nul\x00byte", secrets.token_hex(1600)], ids=["nul", "long"])
+def test_a_fair_queue_on_a_hashed_name(backend_url: str, name: str, odd: str) -> None:
+    lock_name = name + odd
+    with corral.connect(backend_url) as store, corral.connect(backend_url) as other:
+        holder = store.lock(lock_name, ttl=30, fair=True)
+        assert holder.acquire()
+        got: list[bool] = []
+        thread = threading.Thread(
+            target=lambda: got.append(other.lock(lock_name, ttl=30, fair=True).acquire(wait=20))
+        )
+        thread.start()
+        key = lock_key(lock_name)
+        queue = store.backend._sql.queue
+        wait_until(
+            lambda: (
+                query(backend_url, f"SELECT count(*) FROM {queue} WHERE name = %s", [key]) == [(1,)]
+            )
+        )
+        holder.release()
+        # The queued waiter, not a newcomer, gets the free lock.
+        assert not store.lock(lock_name, ttl=30).acquire(wait=0)
+        thread.join(30)
+        assert got == [True]
+        assert other.force_release(lock_name)
+
+
+def test_a_database_that_cannot_store_every_character(backend_url: str, name: str) -> None:
+    """In a LATIN1 database, names are stored as ASCII keys, and still work."""
+    database = f"latin_{uuid.uuid4().hex[:8]}"
+    query(
+        backend_url,
+        f"CREATE DATABASE {database} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C'"
+        " TEMPLATE template0",
+    )
+    url = backend_url.rsplit("/", 1)[0] + "/" + database
+    try:
+        with corral.connect(url) as store, corral.connect(url) as other:
+            for lock_name in (f"{name}-é€😀", f"{name}-plain"):
+                lock = store.lock(lock_name, ttl=10)
+                assert lock.acquire()
+                info = other.lock_info(lock_name)
+                assert info is not None and info.owner == lock.owner
+                woke: list[bool] = []
+                thread = threading.Thread(
+                    target=lambda n=lock_name, woke=woke: woke.append(
+                        other.lock(n, ttl=10).acquire(wait=20)
+                    )
+                )
+                thread.start()
+                time.sleep(0.3)
+                lock.release()
+                thread.join(30)
+                assert woke == [True]
+                assert other.force_release(lock_name)
+            keys = [row[0] for row in rows_of(url, store)]
+            assert all(key.isascii() for key in keys)
+    finally:
+        query(backend_url, f"DROP DATABASE {database} WITH (FORCE)")
+
+
+# -- fencing tokens and what stays on the server -----------------------------------------
+
+
+def test_tokens_follow_the_grant_order_when_an_acquisition_stalls(backend_url: str) -> None:
+    """A statement that stalls after drawing its token must not insert its row after a
+    newer holder came and went: each name's acquisitions take turns (module docstring of
+    postgres_sql, "Fencing tokens"). The stall is real: a trigger sleeps in the server."""
+    prefix = fresh()
+    with corral.connect(backend_url, table_prefix=prefix) as store:
+        assert store.lock_info("setup") is None  # creates the tables
+        locks = store.backend._sql.locks
+        query(
+            backend_url,
+            f"CREATE FUNCTION {prefix}stall() RETURNS trigger LANGUAGE plpgsql AS $$"
+            " BEGIN IF NEW.owner = 'staller' THEN PERFORM pg_sleep(1); END IF;"
+            " RETURN NEW; END $$",
+        )
+        query(
+            backend_url,
+            f"CREATE TRIGGER stall BEFORE INSERT ON {locks}"
+            f" FOR EACH ROW EXECUTE FUNCTION {prefix}stall()",
+        )
+        backend = store.backend
+        granted: list[tuple[str, int]] = []
+
+        def staller() -> None:
+            attempt = backend.try_acquire("x", "staller", 30)
+            assert attempt.acquired and attempt.token is not None
+            granted.append(("staller", attempt.token))
+            backend.release("x", "staller")
+
+        thread = threading.Thread(target=staller)
+        thread.start()
+        time.sleep(0.3)  # the staller sleeps in its trigger, its token drawn
+        deadline = time.monotonic() + 20
+        attempt = Attempt(False)
+        while not attempt.acquired and time.monotonic() < deadline:
+            attempt = backend.try_acquire("x", "newcomer", 30)
+            time.sleep(0.01)
+        assert attempt.acquired and attempt.token is not None
+        granted.append(("newcomer", attempt.token))
+        backend.release("x", "newcomer")  # come and gone, maybe before the staller woke
+        thread.join(30)
+        # Both were granted, and tokens increase in the order they were.
+        assert sorted(who for who, _ in granted) == ["newcomer", "staller"]
+        tokens = [token for _, token in granted]
+        assert tokens == sorted(tokens), granted
+
+
+def test_expired_rows_and_places_are_swept_by_later_acquisitions(backend_url: str) -> None:
+    with corral.connect(backend_url, table_prefix=fresh()) as store:
+        backend = store.backend
+        crashed = backend.try_acquire("crashed", "o1", 0.3)  # never released
+        assert crashed.acquired and crashed.token is not None
+        assert backend.try_acquire("closed", "o2", 30).acquired
+        backend.release("closed", "o2", hold_for=0.3)
+        assert backend.try_acquire("held", "o3", 30).acquired
+        assert backend.try_acquire("kept", "o4", 30).acquired
+        backend.release("kept", "o4", hold_for=30)
+        assert not backend.try_acquire("held", "dead-waiter", 30, queue_ttl=0.3).acquired
+        assert backend.try_acquire("released", "o5", 30).acquired
+        backend.release("released", "o5")
+        # A release deletes its row at once.
+        assert ("released", None) not in rows_of(backend_url, store)
+        assert ("released", "o5") not in rows_of(backend_url, store)
+        time.sleep(0.6)
+        for index in range(SWEEP_EVERY):
+            assert backend.try_acquire(f"other-{index}", "o6", 30).acquired
+            backend.release(f"other-{index}", "o6")
+        # What is live stays; what expired is gone, with no purge command.
+        assert rows_of(backend_url, store) == [("held", "o3"), ("kept", None)]
+        again = backend.try_acquire("crashed", "o7", 30)
+        assert again.acquired and again.token is not None and again.token > crashed.token
+
+
+def test_sweeping_acquisitions_never_deadlock(backend_url: str) -> None:
+    """Many stores acquiring, releasing, closing and abandoning a few names at once, with
+    sweeps locking each other's expired rows: no deadlock, no error, no stuck row."""
+    prefix = fresh()
+    names = [f"n{i}" for i in range(12)]
+    errors: list[BaseException] = []
+    start = threading.Barrier(6)
+
+    def worker(seed: int) -> None:
+        with corral.connect(backend_url, table_prefix=prefix, timeout=10) as store:
+            backend = store.backend
+            try:
+                start.wait()
+                for index in range(150):
+                    lock_name = names[(seed * 7 + index) % len(names)]
+                    owner = f"w{seed}-{index}"
+                    fair = 0.2 if index % 4 == 0 else None
+                    if backend.try_acquire(lock_name, owner, 0.05, queue_ttl=fair).acquired:
+                        if index % 3 == 0:
+                            backend.release(lock_name, owner)
+                        elif index % 3 == 1:
+                            backend.release(lock_name, owner, hold_for=0.02)
+            except BaseException as exc:
+                errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert errors == []
+    time.sleep(0.3)
+    with corral.connect(backend_url, table_prefix=prefix) as store:
+        # What is left (abandoned rows, dead waiters' places) drains as acquisitions go on.
+        left = [len(rows_of(backend_url, store))]
+        for index in range(20 * SWEEP_EVERY):
+            assert store.lock(f"after-{index}", ttl=30).acquire()
+            store.force_release(f"after-{index}")
+            if index % SWEEP_EVERY == 0:
+                left.append(len(rows_of(backend_url, store)))
+        assert left[-1] == 0, left
+
+
 # -- wake-ups -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("length", [20, 20_000])
+@pytest.mark.parametrize("length", [20, 20_000, 0])
 def test_a_release_elsewhere_wakes_the_waiter_at_once(backend_url: str, length: int) -> None:
-    name = (uuid.uuid4().hex * (length // 32 + 1))[:length]
+    name = (uuid.uuid4().hex * (length // 32 + 1))[:length] or f"nul\x00{uuid.uuid4().hex}"
     with corral.connect(backend_url) as holder_store, corral.connect(backend_url) as waiter_store:
         for free in ("release", "force_release"):
             holder = holder_store.lock(name, ttl=30)

@@ -16,9 +16,12 @@ runs. The SQL, the schema and why each statement is as it is live in
 `corral.backends.postgres_sql`.
 
 **One statement per primitive.** Acquiring is one `INSERT … ON CONFLICT (name)
-DO UPDATE … WHERE <expired>` that also reports the holder's seconds left when
-it did not take the lock; a fair acquisition adds the queue to that same
-statement. Release, extend, force-release and leaving the queue are each one
+DO UPDATE … WHERE <expired>`, behind the name's advisory lock and the check
+that nobody is queued ahead, that also reports the holder's seconds left when
+it did not take the lock; a fair acquisition adds its place in the queue to
+that same statement, and now and then an acquisition also sweeps expired rows
+(see `corral.backends.postgres_sql`: "Fencing tokens", "State per name").
+Release, extend, force-release and leaving the queue are each one
 compare-and-change statement that also says what it found and, where waiters
 should wake, calls `pg_notify` in it. With the connection pool
 (`psycopg_pool`, up to `max_connections`) each primitive is one round trip.
@@ -46,6 +49,7 @@ and opens its own on first use.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import threading
 import time
@@ -213,10 +217,11 @@ class PostgresWaiter(SubscribingWaiter):
     def __init__(self, backend: PostgresBackend, name: str) -> None:
         super().__init__(backend.local_bus, name)
         self._backend = backend
-        self._key = sql.notify_key(name)
+        self._key = ""
 
     def _join(self) -> Feed:
-        return self._backend._subscribe(self._name, self._key, self._event)
+        feed, self._key = self._backend._subscribe(self._name, self._event)
+        return feed
 
     def _leave(self, feed: Feed) -> None:
         assert isinstance(feed, ReleaseFeed)
@@ -258,6 +263,20 @@ class PostgresBackend(Backend):
             "never evicted: locks are rows on disk; a full disk makes acquisitions fail "
             "with an error instead"
         ),
+        fencing_tokens=(
+            "one sequence per table prefix (nextval, never reused or rolled back), drawn "
+            "inside the acquiring statement after a per-name transaction advisory lock, so "
+            "each acquisition of a name draws after the previous one committed; only a crash "
+            "with synchronous_commit=off or fsync=off, or a failover to an asynchronous "
+            "standby, can hand out a token twice"
+        ),
+        state_per_name=(
+            "nothing: a release deletes the lock's row; a row left to expire (a crashed "
+            "holder, a hold_for closure) and a dead fair waiter's place are deleted after "
+            "they expire by later acquisitions of any name (a store's first, then one in "
+            f"{sql.SWEEP_EVERY}, up to {sql.SWEEP_BATCH} rows each); tokens keep increasing "
+            "as they come from one sequence"
+        ),
     )
     url_options: ClassVar[tuple[Option, ...]] = sql.OPTIONS
 
@@ -267,6 +286,10 @@ class PostgresBackend(Backend):
         self._timeout = options.timeout
         self._sql = sql.Statements(options.schema, options.table_prefix)
         self._schema_ready = False
+        # Whether the database can store only ASCII keys (postgres_sql, "Names").
+        self._ascii_keys = False
+        # Which acquisitions sweep expired rows (postgres_sql, "State per name").
+        self._acquisitions = itertools.count()
         self._closed = False
         self._mutex = threading.Lock()
         self._proc = _Process()
@@ -338,7 +361,8 @@ class PostgresBackend(Backend):
             cursor = conn.execute(statements.ready, statements.ready_params)
             row = cursor.fetchone()
             assert row is not None
-            has_schema, has_tables = row
+            has_schema, has_tables, any_text = row
+            self._ascii_keys = not any_text
             if not has_tables:
                 with conn.transaction():
                     # Serialises concurrent creators: see postgres_sql's docstring.
@@ -370,13 +394,23 @@ class PostgresBackend(Backend):
             pool.putconn(conn)
         return pool.getconn(timeout=max(deadline - time.monotonic(), 0.001))
 
+    def _key(self, name: str) -> str:
+        return sql.lock_key(name, ascii_only=self._ascii_keys)
+
     def _fetch(
-        self, name: str, action: str, query: str, params: dict[str, Any]
+        self, name: str, action: str, query: str, params: dict[str, Any], *, gate: bool = False
     ) -> list[tuple[Any, ...]]:
-        """Run one statement on a pooled connection, with every failure mapped to corral's."""
+        """Run one statement on a pooled connection, with every failure mapped to corral's.
+
+        `params` gets the lock's key as `name` (and its advisory lock key as
+        `gate`), once the first connection told which keys the database can store.
+        """
         alarm = sql.Alarm()
         try:
             pool = self._pool(alarm)
+            key = params["name"] = self._key(name)
+            if gate:
+                params["gate"] = self._sql.gate_key(key)
             conn = self._borrow(pool)
             try:
                 with sql.watchdog().armed(conn.fileno(), self._timeout, alarm):
@@ -452,28 +486,27 @@ class PostgresBackend(Backend):
     ) -> Attempt:
         if replicas:
             raise ConfigError(f"{self.server} does not support replicas=N")
-        params: dict[str, Any] = {"name": name, "owner": owner, "ttl": float(ttl)}
-        query = self._sql.acquire
+        params: dict[str, Any] = {"owner": owner, "ttl": float(ttl)}
         if queue_ttl is not None:
-            query = self._sql.acquire_fair
             params["queue_ttl"] = float(queue_ttl)
-        rows = self._fetch(name, "acquire", query, params)
+        sweep = next(self._acquisitions) % sql.SWEEP_EVERY == 0
+        query = self._sql.acquire[queue_ttl is not None, sweep]
+        rows = self._fetch(name, "acquire", query, params, gate=True)
         if not rows:
-            return Attempt(False)  # free, but another fair waiter is ahead
+            return Attempt(False)  # free, but a live waiter is queued ahead
         granted, token, left = rows[0]
         if granted:
             return Attempt(True, token=int(token))
         return Attempt(False, holder_ttl=max(0.0, float(left)))
 
     def release(self, name: str, owner: str, hold_for: float = 0.0) -> Outcome:
-        params: dict[str, Any] = {"name": name, "owner": owner}
+        params: dict[str, Any] = {"owner": owner}
         if hold_for > 0:
             query = self._sql.close
             params["hold"] = float(hold_for)
         else:
             query = self._sql.release
             params["channel"] = self._sql.channel
-            params["key"] = sql.notify_key(name)
         rows = self._fetch(name, "release", query, params)
         outcome = self._outcome(rows)
         if outcome is Outcome.OK and hold_for <= 0:
@@ -481,7 +514,7 @@ class PostgresBackend(Backend):
         return outcome
 
     def extend(self, name: str, owner: str, ttl: float) -> Outcome:
-        params = {"name": name, "owner": owner, "ttl": float(ttl)}
+        params: dict[str, Any] = {"owner": owner, "ttl": float(ttl)}
         return self._outcome(self._fetch(name, "extend", self._sql.extend, params))
 
     @staticmethod
@@ -492,14 +525,14 @@ class PostgresBackend(Backend):
         return Outcome.LOST if held else Outcome.EXPIRED
 
     def inspect(self, name: str) -> LockInfo | None:
-        rows = self._fetch(name, "inspect", self._sql.inspect, {"name": name})
+        rows = self._fetch(name, "inspect", self._sql.inspect, {})
         if not rows:
             return None
         owner, token, left = rows[0]
         return LockInfo(name, owner, int(token), max(0.0, float(left)))
 
     def force_release(self, name: str) -> bool:
-        params = {"name": name, "channel": self._sql.channel, "key": sql.notify_key(name)}
+        params: dict[str, Any] = {"channel": self._sql.channel}
         rows = self._fetch(name, "force-release", self._sql.force_release, params)
         released = bool(rows[0][0])
         if released:
@@ -507,12 +540,7 @@ class PostgresBackend(Backend):
         return released
 
     def leave_queue(self, name: str, owner: str) -> None:
-        params = {
-            "name": name,
-            "owner": owner,
-            "channel": self._sql.channel,
-            "key": sql.notify_key(name),
-        }
+        params: dict[str, Any] = {"owner": owner, "channel": self._sql.channel}
         if self._fetch(name, "leave the queue of", self._sql.leave_queue, params):
             self.local_bus.notify(name)
 
@@ -529,16 +557,19 @@ class PostgresBackend(Backend):
                 feed = proc.feed = ReleaseFeed(self._options, self._sql)
             return feed
 
-    def _subscribe(self, name: str, key: str, event: Event) -> ReleaseFeed:
+    def _subscribe(self, name: str, event: Event) -> tuple[ReleaseFeed, str]:
+        """Have `event` set on every release of `name`; returns the feed and the key heard."""
         alarm = sql.Alarm()
         try:
             if self._closed:
                 raise _Closed
+            self._pool(alarm)  # the first connection tells which keys the database takes
+            key = self._key(name)
             feed = self._current_feed()
             feed.join(key, event, alarm)
         except (psycopg.Error, OSError, _Closed) as exc:
             raise self._error(exc, name, "wait for", alarm.fired) from exc
-        return feed
+        return feed, key
 
     def close(self) -> None:
         self._closed = True
