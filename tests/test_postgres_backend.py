@@ -36,6 +36,7 @@ from corral.backends.postgres_sql import (
 )
 from corral.core.primitives import Attempt
 from corral.errors import BackendError, BackendUnavailable, ConfigError
+from corral.testing import servers
 from tests.conftest import start_server
 
 pytestmark = pytest.mark.backend("postgres")
@@ -675,3 +676,66 @@ def test_a_frozen_server_fails_calls_within_the_timeout(
             await lock.release()
 
     asyncio.run(scenario())
+
+
+# -- TLS ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    try:
+        server = servers.start_postgres(tmp_path_factory.mktemp("tls-postgres"), tls=True)
+    except servers.ServerUnavailable as exc:
+        pytest.skip(str(exc))
+    yield server
+    server.stop()
+
+
+def test_tls_with_verify_full_against_the_servers_ca(tls_server: Any, name: str) -> None:
+    """Every connection of the store (pooled and LISTEN) is TLS, verified by host name."""
+    app = f"corral-{uuid.uuid4().hex[:8]}"
+    url = with_query(tls_server.url, f"application_name={app}")
+    assert "sslmode=verify-full" in url and "sslrootcert=" in url
+    with corral.connect(url) as store, corral.connect(url) as other:
+        holder = store.lock(name, ttl=30)
+        assert holder.acquire()
+        woke: list[bool] = []
+        thread = threading.Thread(
+            target=lambda: woke.append(other.lock(name, ttl=30).acquire(wait=20))
+        )
+        thread.start()
+        time.sleep(0.5)  # the waiter LISTENs
+        sessions = query(
+            tls_server.url,
+            "SELECT a.query, s.ssl FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)"
+            " WHERE a.application_name = %s",
+            [app],
+        )
+        assert any(q.startswith("LISTEN") for q, _ in sessions), sessions
+        assert all(ssl for _, ssl in sessions), sessions
+        holder.release()
+        thread.join(30)
+        assert woke == [True]
+        assert store.force_release(name)
+
+
+def test_tls_with_a_wrong_ca_fails_with_a_clear_error(
+    tls_server: Any, tmp_path: Path, name: str
+) -> None:
+    wrong_ca = servers._make_tls_files(tmp_path)[0]
+    url = tls_server.url.split("?")[0] + f"?sslmode=verify-full&sslrootcert={wrong_ca}"
+    with corral.connect(url, timeout=3) as store, pytest.raises(BackendError) as caught:
+        store.lock(name, ttl=5).acquire()
+    message = str(caught.value)
+    where = f"{tls_server.host}:{tls_server.port}"
+    assert where in message and name in message
+    assert "TLS" in message and "sslrootcert" in message and "certificate" in message
+
+
+def test_tls_required_from_a_server_without_it(backend_url: str, name: str) -> None:
+    with (
+        corral.connect(with_query(backend_url, "sslmode=require"), timeout=3) as store,
+        pytest.raises(BackendError, match="TLS") as caught,
+    ):
+        store.lock(name, ttl=5).acquire()
+    assert backend_url.split("@")[1].split("/")[0] in str(caught.value)

@@ -49,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import threading
 import time
 import weakref
@@ -228,6 +229,9 @@ class AsyncPostgresWaiter(AsyncSubscribingWaiter):
         assert isinstance(feed, AsyncReleaseFeed)
         feed.leave(self._key, self._event)
 
+
+# libpq's words for a failed TLS connection (a certificate not trusted, a server without TLS).
+_TLS_FAILURE = re.compile(r"\bSSL\b|certificate", re.IGNORECASE)
 
 _BACKENDS: weakref.WeakSet[AsyncPostgresBackend] = weakref.WeakSet()
 # The parents' pools and connections a forked child must neither use nor finalise.
@@ -462,6 +466,12 @@ class AsyncPostgresBackend(AsyncBackend):
             return BackendError(
                 f"{where}: corral's tables are gone ({text}); recreate them with "
                 "corral.backends.postgres_sql.migration_sql(), or open a new store"
+            )
+        if isinstance(exc, psycopg.OperationalError) and _TLS_FAILURE.search(text):
+            return BackendError(
+                f"{where}: the TLS connection failed ({text}); check sslmode=, that "
+                "sslrootcert= names the CA that signed the server's certificate, and that "
+                "the URL's host is a name the certificate gives"
             )
         if isinstance(exc, (psycopg.OperationalError, OSError)):
             return BackendUnavailable(

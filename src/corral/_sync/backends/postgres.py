@@ -51,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import threading
 import time
 import weakref
@@ -227,6 +228,9 @@ class PostgresWaiter(SubscribingWaiter):
         assert isinstance(feed, ReleaseFeed)
         feed.leave(self._key, self._event)
 
+
+# libpq's words for a failed TLS connection (a certificate not trusted, a server without TLS).
+_TLS_FAILURE = re.compile(r"\bSSL\b|certificate", re.IGNORECASE)
 
 _BACKENDS: weakref.WeakSet[PostgresBackend] = weakref.WeakSet()
 # The parents' pools and connections a forked child must neither use nor finalise.
@@ -461,6 +465,12 @@ class PostgresBackend(Backend):
             return BackendError(
                 f"{where}: corral's tables are gone ({text}); recreate them with "
                 "corral.backends.postgres_sql.migration_sql(), or open a new store"
+            )
+        if isinstance(exc, psycopg.OperationalError) and _TLS_FAILURE.search(text):
+            return BackendError(
+                f"{where}: the TLS connection failed ({text}); check sslmode=, that "
+                "sslrootcert= names the CA that signed the server's certificate, and that "
+                "the URL's host is a name the certificate gives"
             )
         if isinstance(exc, (psycopg.OperationalError, OSError)):
             return BackendUnavailable(
