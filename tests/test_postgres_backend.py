@@ -27,6 +27,8 @@ from psycopg.conninfo import conninfo_to_dict
 
 import corral
 import corral.aio
+from corral._sync.backends.postgres import PostgresBackend
+from corral._sync.store import Store
 from corral.backends.postgres_sql import (
     READABLE_CHARS,
     SWEEP_EVERY,
@@ -739,3 +741,78 @@ def test_tls_required_from_a_server_without_it(backend_url: str, name: str) -> N
     ):
         store.lock(name, ttl=5).acquire()
     assert backend_url.split("@")[1].split("/")[0] in str(caught.value)
+
+
+# -- Ctrl-C in the blocking flavour -----------------------------------------------------------
+
+
+def test_ctrl_c_while_an_attempt_is_in_flight_leaves_no_lock_held(
+    backend_url: str, name: str
+) -> None:
+    """SIGINT lands while the acquiring statement waits in the server (here for the name's
+    turn, held by another session): psycopg cancels the statement, the lock logic takes
+    the attempt back, and nothing stays held, not even until the TTL."""
+    app = f"corral-{uuid.uuid4().hex[:8]}"
+    with corral.connect(with_query(backend_url, f"application_name={app}"), timeout=20) as store:
+        assert store.lock_info(name) is None  # the pool is open
+        gate = store.backend._sql.gate_key(lock_key(name))
+        main = threading.main_thread().ident
+        assert main == threading.get_ident()
+        fired: list[bool] = []
+
+        def interrupt_once_waiting() -> None:
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                waiting = query(
+                    backend_url,
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+                    " AND wait_event = 'advisory'",
+                    [app],
+                )
+                if waiting == [(1,)]:
+                    fired.append(True)
+                    signal.pthread_kill(main, signal.SIGINT)
+                    return
+                time.sleep(0.02)
+
+        with psycopg.connect(backend_url, autocommit=True) as blocker:
+            blocker.execute("SELECT pg_advisory_lock(%s)", [gate])
+            lock = store.lock(name, ttl=60)
+            thread = threading.Thread(target=interrupt_once_waiting)
+            thread.start()
+            try:
+                with pytest.raises(KeyboardInterrupt):
+                    lock.acquire()
+            finally:
+                thread.join(30)
+            assert fired == [True]
+            blocker.execute("SELECT pg_advisory_unlock(%s)", [gate])
+        assert not lock.held
+        assert store.lock_info(name) is None
+        # The store's connections are fine, and the lock is free for anyone at once.
+        again = store.lock(name, ttl=5)
+        assert again.acquire()
+        again.release()
+
+
+class _InterruptedAfterGrant(PostgresBackend):
+    """Ctrl-C right after the server granted the lock, before the caller saw the answer."""
+
+    def try_acquire(self, *args: Any, **kwargs: Any) -> Attempt:
+        attempt = super().try_acquire(*args, **kwargs)
+        if attempt.acquired:
+            raise KeyboardInterrupt
+        return attempt
+
+
+def test_ctrl_c_after_the_grant_takes_the_lock_back(backend_url: str, name: str) -> None:
+    store = Store(_InterruptedAfterGrant(parse_url(backend_url, {})))
+    with store, corral.connect(backend_url) as other:
+        lock = store.lock(name, ttl=60)
+        with pytest.raises(KeyboardInterrupt):
+            lock.acquire()
+        assert not lock.held
+        assert other.lock_info(name) is None
+        again = other.lock(name, ttl=5)
+        assert again.acquire()
+        again.release()
