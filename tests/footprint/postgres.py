@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import psycopg
-
 from tests.footprint import register
 
 
 @register("postgres", per_held=1, constant=0)
 def count(store: Any, url: str) -> int:
+    import psycopg  # here: the other backends' tests load this module too
+
     statements = store.backend._sql
     total = 0
     with psycopg.connect(url, autocommit=True) as conn:
