@@ -773,6 +773,28 @@ def test_tls_required_from_a_server_without_it(backend_url: str, name: str) -> N
     assert backend_url.split("@")[1].split("/")[0] in str(caught.value)
 
 
+def test_only_tls_set_up_wrong_is_a_tls_error() -> None:
+    """A TLS connection that breaks (a restart, a dropped route) is the server being
+    unavailable, to be retried; one that cannot be set up as configured is not."""
+    backend = PostgresBackend(parse_url("postgresql://app@db.example/app", {}))
+    where = 'connection failed: connection to server at "10.0.0.1", port 5432 failed: '
+    for text, kind in [
+        (where + "SSL error: certificate verify failed", BackendError),
+        (where + 'server certificate for "db" does not match host name "x"', BackendError),
+        (where + "server does not support SSL, but SSL was required", BackendError),
+        (where + 'root certificate file "/ca.pem" does not exist', BackendError),
+        (where + "SSL SYSCALL error: EOF detected", BackendUnavailable),
+        (where + "Connection refused", BackendUnavailable),
+        ("consuming input failed: SSL SYSCALL error: EOF detected", BackendUnavailable),
+        ("consuming input failed: SSL error: unexpected eof while reading", BackendUnavailable),
+        ("server closed the connection unexpectedly", BackendUnavailable),
+    ]:
+        error = backend._error(psycopg.OperationalError(text), "report", "acquire")
+        assert type(error) is kind, (text, error)
+        assert "db.example:5432" in str(error)
+        assert ("sslrootcert" in str(error)) is (kind is BackendError)
+
+
 # -- Ctrl-C in the blocking flavour -----------------------------------------------------------
 
 

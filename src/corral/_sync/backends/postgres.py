@@ -229,8 +229,11 @@ class PostgresWaiter(SubscribingWaiter):
         feed.leave(self._key, self._event)
 
 
-# libpq's words for a failed TLS connection (a certificate not trusted, a server without TLS).
-_TLS_FAILURE = re.compile(r"\bSSL\b|certificate", re.IGNORECASE)
+# libpq's words when a TLS connection cannot be set up as configured (a certificate not
+# trusted or for another host, a server without TLS, a missing file), as opposed to a
+# TLS connection that broke (SYSCALL, EOF), which is the network's or the server's doing.
+_TLS_SETUP = re.compile(r"certificate|SSL error|does not support SSL|\bssl[a-z]+=", re.I)
+_TLS_BROKEN = re.compile(r"SYSCALL|unexpected eof|closed unexpectedly", re.I)
 
 _BACKENDS: weakref.WeakSet[PostgresBackend] = weakref.WeakSet()
 # The parents' pools and connections a forked child must neither use nor finalise.
@@ -466,7 +469,12 @@ class PostgresBackend(Backend):
                 f"{where}: corral's tables are gone ({text}); recreate them with "
                 "corral.backends.postgres_sql.migration_sql(), or open a new store"
             )
-        if isinstance(exc, psycopg.OperationalError) and _TLS_FAILURE.search(text):
+        if (
+            isinstance(exc, psycopg.OperationalError)
+            and "connection to server" in text  # libpq could not connect
+            and _TLS_SETUP.search(text)
+            and not _TLS_BROKEN.search(text)
+        ):
             return BackendError(
                 f"{where}: the TLS connection failed ({text}); check sslmode=, that "
                 "sslrootcert= names the CA that signed the server's certificate, and that "
