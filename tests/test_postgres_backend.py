@@ -1,15 +1,18 @@
 """What only the PostgreSQL backend promises: its schema, its pool, its wake-ups, its faults.
 
 The contract suite already runs every lock behaviour on PostgreSQL; these
-tests look at the server itself (tables, sessions, transactions, roles) and
-at the faults only a database has (a restart keeps the locks, a killed LISTEN
-session, a whole server frozen).
+tests look at the server itself (tables, keys, sessions, transactions, roles,
+TLS) and at the faults only a database has (a restart keeps the locks, a
+killed LISTEN session, a whole server frozen, a statement that stalls after
+drawing its token, Ctrl-C while a statement is in flight).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
+import secrets
 import signal
 import threading
 import time
@@ -20,11 +23,22 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 import corral
 import corral.aio
-from corral.backends.postgres_sql import migration_sql, parse_url
+from corral._sync.backends.postgres import PostgresBackend
+from corral._sync.store import Store
+from corral.backends.postgres_sql import (
+    READABLE_CHARS,
+    SWEEP_EVERY,
+    lock_key,
+    migration_sql,
+    parse_url,
+)
+from corral.core.primitives import Attempt, Outcome
 from corral.errors import BackendError, BackendUnavailable, ConfigError
+from corral.testing import servers
 from tests.conftest import start_server
 
 pytestmark = pytest.mark.backend("postgres")
@@ -42,6 +56,21 @@ def query(url: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
 
 def with_query(url: str, extra: str) -> str:
     return f"{url}{'&' if '?' in url else '?'}{extra}"
+
+
+def rows_of(url: str, store: Any) -> list[tuple[Any, ...]]:
+    """Every (key, owner) row of the store's lock table, and every (key, owner) place."""
+    statements = store.backend._sql
+    return query(url, f"SELECT name, owner FROM {statements.locks} ORDER BY name") + query(
+        url, f"SELECT name, owner FROM {statements.queue} ORDER BY name"
+    )
+
+
+def wait_until(condition: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never came true"
+        time.sleep(0.02)
 
 
 # -- the schema ---------------------------------------------------------------------
@@ -173,8 +202,16 @@ def test_url_options_credentials_and_server() -> None:
     assert (options.timeout, options.schema, options.table_prefix) == (2.0, "coord", "x_")
     assert options.max_connections == 4
     assert "sslmode=require" in options.conninfo and "s3cret" in options.conninfo
+    assert "s3cret" not in repr(options)
     multi = parse_url("postgres://h1:5432,h2:5433/db?target_session_attrs=read-write", {})
     assert multi.server == "postgres://h1:5432,h2:5433/db"
+    # Keys are sent as UTF-8 whatever the URL says (they may hold any character).
+    assert (
+        conninfo_to_dict(parse_url("postgresql://h/db?client_encoding=LATIN1", {}).conninfo)[
+            "client_encoding"
+        ]
+        == "UTF8"
+    )
     with pytest.raises(ConfigError, match="colour"):
         corral.connect("postgresql://u:s3cret@h/db", colour="blue")
     with pytest.raises(ConfigError, match="not both"):
@@ -197,6 +234,269 @@ def test_errors_name_the_server_and_never_the_password() -> None:
         assert time.monotonic() - began < 5
     message = str(caught.value)
     assert "127.0.0.1:1" in message and "report" in message and "s3cret" not in message
+
+
+def test_passwords_reach_libpq_and_nothing_else() -> None:
+    """The password is taken out of the URL before libpq reads it (so no libpq message can
+    quote it), decoded as libpq would, and given to libpq apart; the query's wins."""
+    cases = {
+        "postgresql://app:p%40ss%2Fw%3Ard%25@h/db": "p@ss/w:rd%",
+        "postgresql://app:first@h/db?password=second": "second",
+        "postgresql://app@h/db?password=s3cret&sslmode=require": "s3cret",
+        "postgresql://app:pa?ss@h/db": "pa?ss",  # as libpq reads it: up to the first @
+    }
+    for url, password in cases.items():
+        options = parse_url(url, {})
+        assert conninfo_to_dict(options.conninfo)["password"] == password
+        assert password not in repr(options) and password not in options.server
+    secret = parse_url("postgresql://h/db?sslpassword=k3yPW&sslmode=require", {})
+    assert conninfo_to_dict(secret.conninfo)["sslpassword"] == "k3yPW"
+    for bad, why in [
+        ("postgresql://app:p@ss@h/db", "%40"),  # which @ ends the password is a guess
+        ("postgresql://app:s3cret%zz@h/db", "%25"),
+        ("postgresql://app:s3cret%00@h/db", "%00"),
+        ("postgresql://app:s3cret@[::1/db", "valid"),
+        ("postgresql://h/db?sslpassword=s3cret&bogus=1", "bogus"),
+    ]:
+        with pytest.raises(ConfigError, match=why) as caught:
+            parse_url(bad, {})
+        assert "s3cret" not in str(caught.value) and "ss@" not in str(caught.value)
+
+
+def test_libpq_parameters_pass_and_unknown_ones_are_named() -> None:
+    options = parse_url("postgresql://h/db?sslmode=verify-full&sslrootcert=/ca.pem", {})
+    params = conninfo_to_dict(options.conninfo)
+    assert (params["sslmode"], params["sslrootcert"]) == ("verify-full", "/ca.pem")
+    with pytest.raises(ConfigError) as caught:
+        corral.connect("postgresql://h/db?sslmod=require")
+    message = str(caught.value)
+    for named in ("sslmod", "timeout", "schema", "table_prefix", "max_connections", "libpq"):
+        assert named in message
+
+
+# -- names ------------------------------------------------------------------------------
+
+
+def test_lock_key_keeps_plain_names_and_hashes_the_rest() -> None:
+    for plain in ("report", "init-user:42", "é€😀", "x" * 1024, "é" * 512):
+        assert lock_key(plain) == plain
+    for odd in ("x" * 1025, "é" * 513, "nul\x00byte", "lone \ud800", secrets.token_hex(1600)):
+        key = lock_key(odd)
+        digest = hashlib.sha256(odd.encode("utf-8", "surrogatepass")).hexdigest()
+        assert key == lock_key(odd) and key.endswith("#sha256:" + digest)
+        assert key.startswith(odd[:READABLE_CHARS].replace("\x00", "?").replace("\ud800", "?"))
+        assert "\x00" not in key and len(key.encode()) < 400
+        # A name spelled like a hashed key is hashed itself: the two forms never meet.
+        assert lock_key(key) != key
+    # A database that stores only ASCII gets ASCII keys.
+    assert lock_key("plain", ascii_only=True) == "plain"
+    assert lock_key("é€😀", ascii_only=True).isascii()
+
+
+@pytest.mark.parametrize(
+    "odd", [secrets.token_hex(1600), "nul\x00byte", "x" * 5000], ids=["random", "nul", "long"]
+)
+def test_names_postgres_cannot_store_as_given_are_locks_too(
+    backend_url: str, name: str, odd: str
+) -> None:
+    """Reproduces a failure: a 3.2 kB name that does not compress overflowed btree's row
+    limit, and NUL is not text to PostgreSQL."""
+    lock_name = name + odd
+    with corral.connect(backend_url) as store, corral.connect(backend_url) as other:
+        lock = store.lock(lock_name, ttl=10)
+        assert lock.acquire()
+        info = other.lock_info(lock_name)
+        assert info is not None and (info.name, info.owner) == (lock_name, lock.owner)
+        assert not other.lock(lock_name, ttl=10).acquire()
+        # Operators see which lock a row is.
+        key = lock_key(lock_name)
+        assert [row for row in rows_of(backend_url, store) if row[0] == key] == [(key, lock.owner)]
+        assert key.startswith(name)
+        # The stored key used as a name is another lock.
+        twin = other.lock(key, ttl=10)
+        assert twin.acquire()
+        twin.release()
+        assert other.force_release(lock_name)
+        assert store.lock_info(lock_name) is None
+        assert not [row for row in rows_of(backend_url, store) if row[0] == key]
+
+
+@pytest.mark.parametrize("odd", ["nul\x00byte", secrets.token_hex(1600)], ids=["nul", "long"])
+def test_a_fair_queue_on_a_hashed_name(backend_url: str, name: str, odd: str) -> None:
+    lock_name = name + odd
+    with corral.connect(backend_url) as store, corral.connect(backend_url) as other:
+        holder = store.lock(lock_name, ttl=30, fair=True)
+        assert holder.acquire()
+        got: list[bool] = []
+        thread = threading.Thread(
+            target=lambda: got.append(other.lock(lock_name, ttl=30, fair=True).acquire(wait=20))
+        )
+        thread.start()
+        key = lock_key(lock_name)
+        queue = store.backend._sql.queue
+        wait_until(
+            lambda: (
+                query(backend_url, f"SELECT count(*) FROM {queue} WHERE name = %s", [key]) == [(1,)]
+            )
+        )
+        holder.release()
+        # The queued waiter, not a newcomer, gets the free lock.
+        assert not store.lock(lock_name, ttl=30).acquire(wait=0)
+        thread.join(30)
+        assert got == [True]
+        assert other.force_release(lock_name)
+
+
+def test_a_database_that_cannot_store_every_character(backend_url: str, name: str) -> None:
+    """In a LATIN1 database, names are stored as ASCII keys, and still work."""
+    database = f"latin_{uuid.uuid4().hex[:8]}"
+    query(
+        backend_url,
+        f"CREATE DATABASE {database} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C'"
+        " TEMPLATE template0",
+    )
+    url = backend_url.rsplit("/", 1)[0] + "/" + database
+    try:
+        with corral.connect(url) as store, corral.connect(url) as other:
+            for lock_name in (f"{name}-é€😀", f"{name}-plain"):
+                lock = store.lock(lock_name, ttl=10)
+                assert lock.acquire()
+                info = other.lock_info(lock_name)
+                assert info is not None and info.owner == lock.owner
+                woke: list[bool] = []
+                thread = threading.Thread(
+                    target=lambda n=lock_name, woke=woke: woke.append(
+                        other.lock(n, ttl=10).acquire(wait=20)
+                    )
+                )
+                thread.start()
+                time.sleep(0.3)
+                lock.release()
+                thread.join(30)
+                assert woke == [True]
+                assert other.force_release(lock_name)
+            keys = [row[0] for row in rows_of(url, store)]
+            assert all(key.isascii() for key in keys)
+    finally:
+        query(backend_url, f"DROP DATABASE {database} WITH (FORCE)")
+
+
+# -- fencing tokens and what stays on the server -----------------------------------------
+
+
+def test_tokens_follow_the_grant_order_when_an_acquisition_stalls(backend_url: str) -> None:
+    """A statement that stalls after drawing its token must not insert its row after a
+    newer holder came and went: each name's acquisitions take turns (module docstring of
+    postgres_sql, "Fencing tokens"). The stall is real: a trigger sleeps in the server."""
+    prefix = fresh()
+    with corral.connect(backend_url, table_prefix=prefix) as store:
+        assert store.lock_info("setup") is None  # creates the tables
+        locks = store.backend._sql.locks
+        query(
+            backend_url,
+            f"CREATE FUNCTION {prefix}stall() RETURNS trigger LANGUAGE plpgsql AS $$"
+            " BEGIN IF NEW.owner = 'staller' THEN PERFORM pg_sleep(1); END IF;"
+            " RETURN NEW; END $$",
+        )
+        query(
+            backend_url,
+            f"CREATE TRIGGER stall BEFORE INSERT ON {locks}"
+            f" FOR EACH ROW EXECUTE FUNCTION {prefix}stall()",
+        )
+        backend = store.backend
+        granted: list[tuple[str, int]] = []
+
+        def staller() -> None:
+            attempt = backend.try_acquire("x", "staller", 30)
+            assert attempt.acquired and attempt.token is not None
+            granted.append(("staller", attempt.token))
+            backend.release("x", "staller")
+
+        thread = threading.Thread(target=staller)
+        thread.start()
+        time.sleep(0.3)  # the staller sleeps in its trigger, its token drawn
+        deadline = time.monotonic() + 20
+        attempt = Attempt(False)
+        while not attempt.acquired and time.monotonic() < deadline:
+            attempt = backend.try_acquire("x", "newcomer", 30)
+            time.sleep(0.01)
+        assert attempt.acquired and attempt.token is not None
+        granted.append(("newcomer", attempt.token))
+        backend.release("x", "newcomer")  # come and gone, maybe before the staller woke
+        thread.join(30)
+        # Both were granted, and tokens increase in the order they were.
+        assert sorted(who for who, _ in granted) == ["newcomer", "staller"]
+        tokens = [token for _, token in granted]
+        assert tokens == sorted(tokens), granted
+
+
+def test_expired_rows_and_places_are_swept_by_later_acquisitions(backend_url: str) -> None:
+    with corral.connect(backend_url, table_prefix=fresh()) as store:
+        backend = store.backend
+        crashed = backend.try_acquire("crashed", "o1", 0.3)  # never released
+        assert crashed.acquired and crashed.token is not None
+        assert backend.try_acquire("closed", "o2", 30).acquired
+        backend.release("closed", "o2", hold_for=0.3)
+        assert backend.try_acquire("held", "o3", 30).acquired
+        assert backend.try_acquire("kept", "o4", 30).acquired
+        backend.release("kept", "o4", hold_for=30)
+        assert not backend.try_acquire("held", "dead-waiter", 30, queue_ttl=0.3).acquired
+        assert backend.try_acquire("released", "o5", 30).acquired
+        backend.release("released", "o5")
+        # A release deletes its row at once.
+        assert ("released", None) not in rows_of(backend_url, store)
+        assert ("released", "o5") not in rows_of(backend_url, store)
+        time.sleep(0.6)
+        for index in range(SWEEP_EVERY):
+            assert backend.try_acquire(f"other-{index}", "o6", 30).acquired
+            backend.release(f"other-{index}", "o6")
+        # What is live stays; what expired is gone, with no purge command.
+        assert rows_of(backend_url, store) == [("held", "o3"), ("kept", None)]
+        again = backend.try_acquire("crashed", "o7", 30)
+        assert again.acquired and again.token is not None and again.token > crashed.token
+
+
+def test_sweeping_acquisitions_never_deadlock(backend_url: str) -> None:
+    """Many stores acquiring, releasing, closing and abandoning a few names at once, with
+    sweeps locking each other's expired rows: no deadlock, no error, no stuck row."""
+    prefix = fresh()
+    names = [f"n{i}" for i in range(12)]
+    errors: list[BaseException] = []
+    start = threading.Barrier(6)
+
+    def worker(seed: int) -> None:
+        with corral.connect(backend_url, table_prefix=prefix, timeout=10) as store:
+            backend = store.backend
+            try:
+                start.wait()
+                for index in range(150):
+                    lock_name = names[(seed * 7 + index) % len(names)]
+                    owner = f"w{seed}-{index}"
+                    fair = 0.2 if index % 4 == 0 else None
+                    if backend.try_acquire(lock_name, owner, 0.05, queue_ttl=fair).acquired:
+                        if index % 3 == 0:
+                            backend.release(lock_name, owner)
+                        elif index % 3 == 1:
+                            backend.release(lock_name, owner, hold_for=0.02)
+            except BaseException as exc:
+                errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert errors == []
+    time.sleep(0.3)
+    with corral.connect(backend_url, table_prefix=prefix) as store:
+        # What is left (abandoned rows, dead waiters' places) drains as acquisitions go on.
+        left = [len(rows_of(backend_url, store))]
+        for index in range(20 * SWEEP_EVERY):
+            assert store.lock(f"after-{index}", ttl=30).acquire()
+            store.force_release(f"after-{index}")
+            if index % SWEEP_EVERY == 0:
+                left.append(len(rows_of(backend_url, store)))
+        assert left[-1] == 0, left
 
 
 # -- wake-ups -------------------------------------------------------------------------
@@ -228,6 +528,36 @@ def test_a_release_elsewhere_wakes_the_waiter_at_once(backend_url: str, length: 
             thread.join(30)
             # Well under the one-second re-check: the NOTIFY woke it.
             assert woke and woke[0] - freed_at < 0.5, (free, woke)
+
+
+@pytest.mark.parametrize("odd", ["nul\x00byte", "é" * 600], ids=["nul", "long"])
+def test_releases_of_a_hashed_name_notify_its_key(backend_url: str, name: str, odd: str) -> None:
+    """Every notification about a lock carries the key its waiters listen for."""
+    lock_name = name + odd
+    key = lock_key(lock_name)
+    assert key != lock_name
+    with (
+        corral.connect(backend_url) as store,
+        psycopg.connect(backend_url, autocommit=True) as ear,
+    ):
+        ear.execute(f'LISTEN "{store.backend._sql.channel}"')
+        backend = store.backend
+
+        def heard() -> list[str]:
+            return [note.payload for note in ear.notifies(timeout=10, stop_after=1)]
+
+        assert backend.try_acquire(lock_name, "a", 30).acquired
+        assert backend.release(lock_name, "a") is Outcome.OK
+        assert heard() == [key]
+        assert backend.try_acquire(lock_name, "b", 30).acquired
+        assert backend.force_release(lock_name)
+        assert heard() == [key]
+        assert backend.try_acquire(lock_name, "c", 30).acquired
+        assert not backend.try_acquire(lock_name, "d", 30, queue_ttl=10).acquired
+        backend.leave_queue(lock_name, "d")  # the head left: the next may go
+        assert heard() == [key]
+        assert backend.release(lock_name, "c") is Outcome.OK
+        assert heard() == [key]
 
 
 def test_a_killed_listen_session_is_replaced(backend_url: str, name: str) -> None:
@@ -378,3 +708,163 @@ def test_a_frozen_server_fails_calls_within_the_timeout(
             await lock.release()
 
     asyncio.run(scenario())
+
+
+# -- TLS ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    try:
+        server = servers.start_postgres(tmp_path_factory.mktemp("tls-postgres"), tls=True)
+    except servers.ServerUnavailable as exc:
+        pytest.skip(str(exc))
+    yield server
+    server.stop()
+
+
+def test_tls_with_verify_full_against_the_servers_ca(tls_server: Any, name: str) -> None:
+    """Every connection of the store (pooled and LISTEN) is TLS, verified by host name."""
+    app = f"corral-{uuid.uuid4().hex[:8]}"
+    url = with_query(tls_server.url, f"application_name={app}")
+    assert "sslmode=verify-full" in url and "sslrootcert=" in url
+    with corral.connect(url) as store, corral.connect(url) as other:
+        holder = store.lock(name, ttl=30)
+        assert holder.acquire()
+        woke: list[bool] = []
+        thread = threading.Thread(
+            target=lambda: woke.append(other.lock(name, ttl=30).acquire(wait=20))
+        )
+        thread.start()
+        time.sleep(0.5)  # the waiter LISTENs
+        sessions = query(
+            tls_server.url,
+            "SELECT a.query, s.ssl FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)"
+            " WHERE a.application_name = %s",
+            [app],
+        )
+        assert any(q.startswith("LISTEN") for q, _ in sessions), sessions
+        assert all(ssl for _, ssl in sessions), sessions
+        holder.release()
+        thread.join(30)
+        assert woke == [True]
+        assert store.force_release(name)
+
+
+def test_tls_with_a_wrong_ca_fails_with_a_clear_error(
+    tls_server: Any, tmp_path: Path, name: str
+) -> None:
+    wrong_ca = servers._make_tls_files(tmp_path)[0]
+    url = tls_server.url.split("?")[0] + f"?sslmode=verify-full&sslrootcert={wrong_ca}"
+    with corral.connect(url, timeout=3) as store, pytest.raises(BackendError) as caught:
+        store.lock(name, ttl=5).acquire()
+    message = str(caught.value)
+    where = f"{tls_server.host}:{tls_server.port}"
+    assert where in message and name in message
+    assert "TLS" in message and "sslrootcert" in message and "certificate" in message
+
+
+def test_tls_required_from_a_server_without_it(backend_url: str, name: str) -> None:
+    with (
+        corral.connect(with_query(backend_url, "sslmode=require"), timeout=3) as store,
+        pytest.raises(BackendError, match="TLS") as caught,
+    ):
+        store.lock(name, ttl=5).acquire()
+    assert backend_url.split("@")[1].split("/")[0] in str(caught.value)
+
+
+def test_only_tls_set_up_wrong_is_a_tls_error() -> None:
+    """A TLS connection that breaks (a restart, a dropped route) is the server being
+    unavailable, to be retried; one that cannot be set up as configured is not."""
+    backend = PostgresBackend(parse_url("postgresql://app@db.example/app", {}))
+    where = 'connection failed: connection to server at "10.0.0.1", port 5432 failed: '
+    for text, kind in [
+        (where + "SSL error: certificate verify failed", BackendError),
+        (where + 'server certificate for "db" does not match host name "x"', BackendError),
+        (where + "server does not support SSL, but SSL was required", BackendError),
+        (where + 'root certificate file "/ca.pem" does not exist', BackendError),
+        (where + "SSL SYSCALL error: EOF detected", BackendUnavailable),
+        (where + "Connection refused", BackendUnavailable),
+        ("consuming input failed: SSL SYSCALL error: EOF detected", BackendUnavailable),
+        ("consuming input failed: SSL error: unexpected eof while reading", BackendUnavailable),
+        ("server closed the connection unexpectedly", BackendUnavailable),
+    ]:
+        error = backend._error(psycopg.OperationalError(text), "report", "acquire")
+        assert type(error) is kind, (text, error)
+        assert "db.example:5432" in str(error)
+        assert ("sslrootcert" in str(error)) is (kind is BackendError)
+
+
+# -- Ctrl-C in the blocking flavour -----------------------------------------------------------
+
+
+def test_ctrl_c_while_an_attempt_is_in_flight_leaves_no_lock_held(
+    backend_url: str, name: str
+) -> None:
+    """SIGINT lands while the acquiring statement waits in the server (here for the name's
+    turn, held by another session): psycopg cancels the statement, the lock logic takes
+    the attempt back, and nothing stays held, not even until the TTL."""
+    app = f"corral-{uuid.uuid4().hex[:8]}"
+    with corral.connect(with_query(backend_url, f"application_name={app}"), timeout=20) as store:
+        assert store.lock_info(name) is None  # the pool is open
+        gate = store.backend._sql.gate_key(lock_key(name))
+        main = threading.main_thread().ident
+        assert main == threading.get_ident()
+        fired: list[bool] = []
+
+        def interrupt_once_waiting() -> None:
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                waiting = query(
+                    backend_url,
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+                    " AND wait_event = 'advisory'",
+                    [app],
+                )
+                if waiting == [(1,)]:
+                    fired.append(True)
+                    signal.pthread_kill(main, signal.SIGINT)
+                    return
+                time.sleep(0.02)
+
+        with psycopg.connect(backend_url, autocommit=True) as blocker:
+            blocker.execute("SELECT pg_advisory_lock(%s)", [gate])
+            lock = store.lock(name, ttl=60)
+            thread = threading.Thread(target=interrupt_once_waiting)
+            thread.start()
+            try:
+                with pytest.raises(KeyboardInterrupt):
+                    lock.acquire()
+            finally:
+                thread.join(30)
+            assert fired == [True]
+            blocker.execute("SELECT pg_advisory_unlock(%s)", [gate])
+        assert not lock.held
+        assert store.lock_info(name) is None
+        # The store's connections are fine, and the lock is free for anyone at once.
+        again = store.lock(name, ttl=5)
+        assert again.acquire()
+        again.release()
+
+
+class _InterruptedAfterGrant(PostgresBackend):
+    """Ctrl-C right after the server granted the lock, before the caller saw the answer."""
+
+    def try_acquire(self, *args: Any, **kwargs: Any) -> Attempt:
+        attempt = super().try_acquire(*args, **kwargs)
+        if attempt.acquired:
+            raise KeyboardInterrupt
+        return attempt
+
+
+def test_ctrl_c_after_the_grant_takes_the_lock_back(backend_url: str, name: str) -> None:
+    store = Store(_InterruptedAfterGrant(parse_url(backend_url, {})))
+    with store, corral.connect(backend_url) as other:
+        lock = store.lock(name, ttl=60)
+        with pytest.raises(KeyboardInterrupt):
+            lock.acquire()
+        assert not lock.held
+        assert other.lock_info(name) is None
+        again = other.lock(name, ttl=5)
+        assert again.acquire()
+        again.release()

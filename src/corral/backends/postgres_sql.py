@@ -1,22 +1,43 @@
-"""The PostgreSQL lock store shared by both flavours: URL, identifiers, schema, statements.
+"""The PostgreSQL lock store shared by both flavours: URL, names, schema, statements.
 
 Nothing here sends a statement: `corral._async.backends.postgres` (and its
 generated blocking twin) does.
 
-**The tables.** A lock is a row in `<schema>.<prefix>locks`: name, owner,
-fencing token and `expires_at`, a `timestamptz` set from the server's clock.
-A row whose `expires_at` has passed is free; nobody has to delete it. A
-release marks the row free (`expires_at` = the moment of release) rather than
-deleting it, so every later acquisition of the name is an UPDATE of its row
-under the row's lock (see the tokens, below). Its updates are HOT updates (no
-indexed column changes, and a fill factor leaves room on the page), so the
-table does not bloat, but it keeps one small row per lock name ever used.
-Where names are many and short-lived (one per user, per job), delete old free
-rows now and then, e.g. `DELETE FROM corral_locks WHERE expires_at < now() -
-interval '1 hour'`: safe as long as no corral statement can run that long,
-which the server-side `statement_timeout` (the store's `timeout`) ensures.
-Fair waiters queue in `<prefix>queue`, ordered by a `bigserial` arrival
-number; a place expires unless its waiter refreshes it.
+**The tables.** A lock is a row in `<schema>.<prefix>locks`: the name's key
+(see "Names"), owner, fencing token and `expires_at`, a `timestamptz` set
+from the server's clock. A row whose `expires_at` has passed is free. A
+release deletes its row; `release(hold_for=S)` keeps it, ownerless, until S
+seconds from now. Fair waiters queue in `<prefix>queue`, ordered by a
+`bigserial` arrival number; a place expires unless its waiter refreshes it.
+Every attempt, fair or not, respects that queue: a free lock with a live
+place in its queue goes to the earliest place's owner, and nobody else. A
+place that expired no longer counts, so a waiter that died holds the queue up
+only until its place expires.
+
+**State per name is bounded.** What a release does not delete (the row of a
+holder that crashed or let its TTL run out, a `hold_for` closure once it
+ends, the place of a fair waiter that died) is swept by later acquisitions,
+of any name: a store's first acquisition, and every `SWEEP_EVERY`th after
+that, also deletes up to `SWEEP_BATCH` expired rows from each table, oldest
+first, found through an index on `expires_at`. The sweep skips rows another
+statement has locked (`SKIP LOCKED`) and runs after the acquisition's own
+work in the statement, so it never waits, and never holds rows while its
+statement waits for something else (no deadlock). An acquisition adds at most
+one row, and sweeps remove expired rows faster than acquisitions add them, so
+the tables hold about one row per held lock however many names were ever
+used, with no purge job. Only a database where nobody acquires anything any
+more keeps the expired rows of its last acquisitions until the next one.
+
+**Names.** Every `str` is a lock name. A name is its own key when it is text
+PostgreSQL can store (no NUL, no lone surrogate; ASCII only in a database
+whose encoding is neither UTF8 nor SQL_ASCII), of at most `MAX_KEY_BYTES`
+bytes in UTF-8, and without `#sha256:` in it; any other name is stored as its
+first `READABLE_CHARS` characters (made storable), `#sha256:` and the SHA-256
+of the whole name. Only the hashed form contains the marker, so a name stored
+as itself never meets a hashed one; and a long key stays far below a btree
+row's limit (about 2.7 kB) and a NOTIFY payload's (8000 bytes). The lock's
+row, its queue, its advisory lock (below) and the NOTIFY payload all use that
+one key, so `lock_info`, `force_release` and waiters agree on it.
 
 **Creating them.** The tables are created on first use, unless they exist
 already. `CREATE TABLE IF NOT EXISTS` alone is not safe when two sessions run
@@ -32,35 +53,48 @@ the server's clock at the moment the expression is evaluated, never by a
 client's clock. Not `now()`: that is the start of the transaction, frozen for
 its length, so a statement that first waited for a row lock (a concurrent
 acquisition of the same name) would judge expiry, and start a new TTL, by a
-time already past.
+time already past. Only the sweeps use `now()`, which an index can search
+with: a row expired before the statement began is expired now too.
 
 **Fencing tokens.** Tokens come from one sequence, `nextval` of which never
 returns the same value twice and is never rolled back, so tokens strictly
 increase across every name, forever, restarts included. Within one name they
-increase in acquisition order because the token is drawn inside the UPDATE of
-the lock's row, while holding that row's lock: the next acquirer can only draw
-after this one committed. (The first acquisition of a new name draws in the
-INSERT; any later one draws later. Deleting a row freed a moment ago would
-break this: a session could draw a token in its INSERT, stall, and insert
-after a newer holder had come and gone; hence only old free rows may go.) A
-sequence logs its advance to the WAL ahead of use, and a commit flushes that
-record with it, so after a crash it resumes above every token of a committed
-acquisition; only with `synchronous_commit = off` (or `fsync = off`) can a
-crash forget the last acquisitions and hand their tokens out again. The
-sequence must keep the default `CACHE 1`: a per-session cache would hand out
-tokens out of order.
+must also increase in the order the lock is granted, which the sequence alone
+does not ensure once released rows are deleted: a session could draw a token,
+stall before its row is inserted, and insert it after a newer holder (with a
+larger token) had come and gone. So an acquisition first takes a
+transaction-level advisory lock on a 64-bit hash of the table and the key
+(`Statements.gate_key`), in the same statement, and draws its token only
+then: acquisitions of one name take turns, each drawing after the previous
+one committed, and the advisory lock ends with the statement (nothing stays
+held between statements). Names whose hashes collide merely take turns too.
+Releases, extensions and sweeps draw no token and take no advisory lock. (The
+advisory locks share the database's 64-bit key space with the application's
+own: a session holding one on a key that equals one of these hashes would
+make that name's acquisitions time out. Random 64-bit keys never meet in
+practice.) A sequence logs its advance to the WAL ahead of use, and a commit
+flushes that record with it, so after a crash it resumes above every token of
+a committed acquisition; only with `synchronous_commit = off` (or `fsync =
+off`) can a crash forget the last acquisitions and hand their tokens out
+again. The sequence must keep the default `CACHE 1`: a per-session cache
+would hand out tokens out of order.
 
 **Wake-ups.** A release sends `pg_notify` in the statement that frees the row,
 so the notification is delivered exactly when that change commits, never for
 a release that rolled back. All locks of one table prefix share one channel
 per database, `<prefix>released` (schemas sharing a prefix share it too, at
-the cost of a few needless wake-ups), with the lock name as payload (hashed
-when longer than `MAX_PAYLOAD` bytes, as a payload must stay under 8000).
-Every listening store hears every release of its table prefix, which costs a
-few bytes each and spares a LISTEN round trip per waiter. The server keeps
+the cost of a few needless wake-ups), with the lock's key as payload. Every
+listening store hears every release of its table prefix, which costs a few
+bytes each and spares a LISTEN round trip per waiter. The server keeps
 notifications until every listener has read them, so a process frozen while
 it LISTENs (SIGSTOP, a debugger) makes the queue grow; only after 8 GB of it
 would releases start failing, and terminating that session ends it.
+
+**Passwords.** The password (from the URL's user info or its query, like
+`sslpassword` and libpq's other secrets) is taken out of the URL before libpq
+parses the rest, so no libpq message about a malformed URL can quote it; it
+goes into the connection string only, which nothing prints (`PostgresOptions`
+leaves it out of its repr).
 
 **Timeouts.** libpq has no timeout for a statement already sent: a server
 that stops answering (SIGSTOP, a hung VM, a dropped route) leaves the client
@@ -74,6 +108,7 @@ psycopg then discards the connection.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import itertools
 import math
@@ -84,10 +119,11 @@ import socket
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from urllib.parse import parse_qsl, quote, urlencode
+from dataclasses import dataclass, field
+from urllib.parse import quote, unquote_to_bytes, urlencode
 
 from corral.backends.registry import redact
+from corral.core.options import Option, merge_options
 from corral.core.validate import check_timeout
 from corral.errors import ConfigError
 
@@ -96,12 +132,15 @@ __all__ = [
     "DEFAULT_SCHEMA",
     "DEFAULT_TABLE_PREFIX",
     "DEFAULT_TIMEOUT",
-    "MAX_PAYLOAD",
+    "MAX_KEY_BYTES",
+    "OPTIONS",
+    "SWEEP_BATCH",
+    "SWEEP_EVERY",
     "PostgresOptions",
     "Statements",
     "Watchdog",
+    "lock_key",
     "migration_sql",
-    "notify_key",
     "parse_url",
     "readable",
     "shutdown_socket",
@@ -112,8 +151,15 @@ DEFAULT_TIMEOUT = 5.0
 DEFAULT_SCHEMA = "public"
 DEFAULT_TABLE_PREFIX = "corral_"
 DEFAULT_MAX_CONNECTIONS = 10
-# NOTIFY payloads must be shorter than 8000 bytes; longer names are hashed.
-MAX_PAYLOAD = 1024
+MAX_KEY_BYTES = 1024
+"""Longer names (in UTF-8) are stored hashed (see "Names" in the module docstring)."""
+READABLE_CHARS = 64
+"""How much of a hashed name stays readable in its key, for operators."""
+HASH_MARK = "#sha256:"
+SWEEP_EVERY = 8
+"""A store's acquisitions that sweep expired rows: its first, then one in this many."""
+SWEEP_BATCH = 32
+"""The most expired rows one sweeping acquisition deletes from each table."""
 # The key of the transaction-level advisory lock that serialises schema creation.
 SCHEMA_LOCK_KEY = 0x636F7272616C  # b"corral"
 
@@ -121,7 +167,51 @@ _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MAX_SCHEMA = 63
 # The longest derived name is "<prefix>queue_arrival_seq": 17 more bytes, within 63.
 _MAX_PREFIX = 40
-_OPTIONS = ("timeout", "schema", "table_prefix", "max_connections", "pool_size")
+# What a key may not contain: NUL and lone surrogates (UTF-8 cannot carry them).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+_NON_ASCII = re.compile("[^\x01-\x7f]")
+# libpq parameters whose values are secrets: kept out of every text libpq may quote.
+_SECRET_PARAMS = (
+    "password",
+    "sslpassword",
+    "oauth_client_secret",
+    "scram_client_key",
+    "scram_server_key",
+)
+_SECRET_QUERY = re.compile(r"(?i)((?:^|[?&])(?:" + "|".join(_SECRET_PARAMS) + r")=)[^&]*")
+_BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "timeout",
+        "5",
+        "seconds any call may take: waiting for a pooled connection, connecting, and each "
+        "statement (the server's statement_timeout, and a watchdog for a server that stops "
+        "answering)",
+        example="2",
+    ),
+    Option(
+        "schema",
+        "`public`",
+        "the schema of corral's tables (created on first use unless it exists)",
+        example="public",
+    ),
+    Option(
+        "table_prefix",
+        "`corral_`",
+        "starts the names of corral's tables, sequence and NOTIFY channel: stores with "
+        "different prefixes share nothing",
+        example="corral_",
+    ),
+    Option(
+        "max_connections",
+        "10",
+        "the most pooled connections per store and process, plus one that LISTENs while "
+        "someone waits",
+        example="4",
+    ),
+    Option("pool_size", "10", "another name for max_connections", example="4"),
+)
 
 
 # -- the URL ----------------------------------------------------------------------
@@ -129,14 +219,14 @@ _OPTIONS = ("timeout", "schema", "table_prefix", "max_connections", "pool_size")
 
 @dataclass(frozen=True, slots=True)
 class PostgresOptions:
-    conninfo: str
+    conninfo: str = field(repr=False)
     """libpq connection string, password included: never shown to anyone."""
-    listen_conninfo: str
+    listen_conninfo: str = field(repr=False)
     """The same, with TCP keepalives (unless given) for the long-lived LISTEN connection."""
     server: str
     """Where it points, for messages: no password, no query."""
-    password: str | None
-    """Scrubbed from any error text that might quote it."""
+    secrets: tuple[str, ...] = field(default=(), repr=False)
+    """The password and any other secret given: scrubbed from any error text, just in case."""
     timeout: float = DEFAULT_TIMEOUT
     schema: str = DEFAULT_SCHEMA
     table_prefix: str = DEFAULT_TABLE_PREFIX
@@ -147,44 +237,44 @@ def parse_url(url: str, options: Mapping[str, object]) -> PostgresOptions:
     """`postgresql://user:password@host:port/db?sslmode=…`, options from keywords or the query.
 
     libpq parameters in the query (`sslmode`, `sslrootcert`, `connect_timeout`,
-    `target_session_attrs`, …) pass through to libpq untouched; corral's own
-    options (timeout, schema, table_prefix, max_connections or its alias
-    pool_size) may be given as keywords or in the query, so `CORRAL_URL` and
-    `--url` can carry them.
+    `target_session_attrs`, …) pass through to libpq; corral's own options
+    (`OPTIONS`) may be given as keywords or in the query, so `CORRAL_URL` and
+    `--url` can carry them. Everything is checked here, before any connection.
     """
     from psycopg import Error as PsycopgError
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-    shown = redact(url)
+    shown = _redact(url)
     scheme, sep, rest = url.partition("://")
     if not sep or scheme.lower() not in ("postgresql", "postgres"):
         raise ConfigError(f"{shown}: not a postgresql:// URL")
-    unknown = sorted(set(options) - set(_OPTIONS))
+    rest, password = _take_password(rest, shown)
+    base, _, query = rest.partition("?")
+    given, passthrough = merge_options(
+        shown, query, options, OPTIONS, backend="postgres", passthrough=True
+    )
+    secrets: dict[str, str] = {} if password is None else {"password": password}
+    kept: list[tuple[str, str]] = []
+    unknown: list[str] = []
+    for key, value in passthrough:
+        if key in _SECRET_PARAMS:
+            secrets[key] = value  # as in libpq, the query overrides the user info
+        elif key in _libpq_parameters():
+            kept.append((key, value))
+        else:
+            unknown.append(key)
     if unknown:
         raise ConfigError(
-            f"{shown}: unknown option(s) {', '.join(unknown)}; the postgres backend takes "
-            f"{', '.join(_OPTIONS)} (libpq parameters such as sslmode go in the URL's query)"
+            f"{shown}: unknown option(s) {', '.join(sorted(unknown))}; the postgres backend "
+            f"takes {', '.join(sorted(o.name for o in OPTIONS))}, and libpq's connection "
+            "parameters (sslmode, sslrootcert, connect_timeout, …) in the URL's query"
         )
-    given: dict[str, object] = dict(options)
-    base, _, query = rest.partition("?")
-    kept: list[tuple[str, str]] = []
-    if query:
-        try:
-            pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=True)
-        except ValueError as exc:
-            raise ConfigError(f"{shown}: cannot parse the query after '?' ({exc})") from None
-        for key, value in pairs:
-            if key not in _OPTIONS:
-                kept.append((key, value))
-            elif key in given:
-                raise ConfigError(f"{shown}: option {key!r} is given twice")
-            else:
-                given[key] = value
     libpq_url = f"{scheme}://{base}" + (f"?{urlencode(kept, quote_via=quote)}" if kept else "")
     try:
+        # No secret is left in this text, so libpq's message may quote it.
         params = conninfo_to_dict(libpq_url)
     except PsycopgError as exc:
-        raise ConfigError(f"{shown}: not a valid PostgreSQL URL ({exc})") from None
+        raise ConfigError(f"{shown}: not a valid PostgreSQL URL ({_one_line(exc)})") from None
 
     timeout = check_timeout(given.pop("timeout", DEFAULT_TIMEOUT), shown)
     schema = _identifier(given.pop("schema", DEFAULT_SCHEMA), "schema", _MAX_SCHEMA, shown)
@@ -196,22 +286,78 @@ def parse_url(url: str, options: Mapping[str, object]) -> PostgresOptions:
     size = given.pop("max_connections", given.pop("pool_size", DEFAULT_MAX_CONNECTIONS))
     max_connections = _count(size, "max_connections", shown)
 
-    password = params.get("password")
+    params.update(secrets)
     # libpq waits forever for a connection by default; psycopg enforces this one itself.
     params.setdefault("connect_timeout", str(max(2, math.ceil(timeout))))
     params.setdefault("application_name", "corral")
+    # Keys are str, sent as UTF-8 whatever the URL asks (see "Names").
+    params["client_encoding"] = "UTF8"
     # The LISTEN connection only ever reads: keepalives notice a dead peer on it.
     listen = {"keepalives_idle": "10", "keepalives_interval": "5", "keepalives_count": "3"}
+    try:
+        conninfo = make_conninfo("", **params)
+        listen_conninfo = make_conninfo("", **{**listen, **params})
+    except PsycopgError:
+        # Its message would quote the connection string, secrets included.
+        raise ConfigError(f"{shown}: not a valid PostgreSQL URL") from None
     return PostgresOptions(
-        conninfo=make_conninfo("", **params),
-        listen_conninfo=make_conninfo("", **{**listen, **params}),
+        conninfo=conninfo,
+        listen_conninfo=listen_conninfo,
         server=_server(scheme.lower(), params),
-        password=str(password) if password else None,
+        secrets=tuple(value for value in secrets.values() if value),
         timeout=timeout,
         schema=schema,
         table_prefix=prefix,
         max_connections=max_connections,
     )
+
+
+def _redact(url: str) -> str:
+    """The URL for messages: no password, in the user info or in the query."""
+    return _SECRET_QUERY.sub(r"\1***", redact(url))
+
+
+def _take_password(rest: str, shown: str) -> tuple[str, str | None]:
+    """`rest` (the URL after `://`) without the password of its user info, and that password.
+
+    The user info ends, as libpq reads it, at the first `@` before the first
+    `/`. An `@` in a user name or password must be written `%40`: with two
+    before the query, which one ends the user info is a guess, and a wrong
+    guess would put a piece of the password where messages quote the URL.
+    """
+    region = rest.split("/", 1)[0]
+    at = region.find("@")
+    if at < 0:
+        return rest, None
+    if region.split("?", 1)[0].count("@") > 1:
+        raise ConfigError(f"{shown}: the URL's user name or password contains '@'; write it as %40")
+    user, colon, password = rest[:at].partition(":")
+    remainder = f"{user}@{rest[at + 1 :]}"
+    if not colon or not password:
+        return remainder, None
+    if _BAD_PERCENT.search(password):
+        raise ConfigError(
+            f"{shown}: the URL's password has a '%' that does not start a %XX escape; "
+            "write % itself as %25"
+        )
+    raw = unquote_to_bytes(password)
+    if b"\0" in raw:
+        raise ConfigError(f"{shown}: the URL's password contains %00, which libpq refuses")
+    try:
+        return remainder, raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{shown}: the URL's password is not UTF-8 once decoded") from None
+
+
+@functools.lru_cache(maxsize=1)
+def _libpq_parameters() -> frozenset[str]:
+    from psycopg import pq
+
+    return frozenset(option.keyword.decode() for option in pq.Conninfo.get_defaults())
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def _server(scheme: str, params: Mapping[str, object]) -> str:
@@ -249,7 +395,25 @@ def _identifier(value: object, what: str, longest: int, shown: str) -> str:
     return value
 
 
-# -- identifiers and statements ------------------------------------------------------
+# -- names, identifiers and statements ------------------------------------------------
+
+
+def lock_key(name: str, *, ascii_only: bool = False) -> str:
+    """The key that stands for lock `name` in the tables and NOTIFY payloads.
+
+    The name itself where PostgreSQL can store it as it is, else a readable
+    part and a hash (see "Names" in the module docstring). `ascii_only` is
+    for a database whose encoding cannot hold every character.
+    """
+    if HASH_MARK not in name and not _UNSTORABLE.search(name):
+        if ascii_only:
+            if len(name) <= MAX_KEY_BYTES and not _NON_ASCII.search(name):
+                return name
+        elif len(name) <= MAX_KEY_BYTES // 4 or len(name.encode()) <= MAX_KEY_BYTES:
+            return name
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
+    shown = (_NON_ASCII if ascii_only else _UNSTORABLE).sub("?", name[:READABLE_CHARS])
+    return f"{shown}{HASH_MARK}{digest}"
 
 
 def quote_ident(name: str) -> str:
@@ -257,36 +421,37 @@ def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def notify_key(name: str) -> str:
-    """The NOTIFY payload for lock `name`: the name itself, or a hash of a long one."""
-    raw = name.encode("utf-8", "surrogatepass")
-    if len(raw) <= MAX_PAYLOAD:
-        return name
-    return "sha256:" + hashlib.sha256(raw).hexdigest()
-
-
 class Statements:
-    """Every statement of the backend, with the schema and table prefix filled in."""
+    """Every statement of the backend, with the schema and table prefix filled in.
+
+    Parameters: `name` is always the lock's key (`lock_key`), never the name
+    as given; `gate` is `gate_key(key)`.
+    """
 
     def __init__(self, schema: str = DEFAULT_SCHEMA, table_prefix: str = DEFAULT_TABLE_PREFIX):
         s = quote_ident(schema)
         locks = f"{s}.{quote_ident(table_prefix + 'locks')}"
         queue = f"{s}.{quote_ident(table_prefix + 'queue')}"
         tokens = f"{s}.{quote_ident(table_prefix + 'tokens')}"
+        locks_expiry = quote_ident(table_prefix + "locks_expiry")
+        queue_expiry = quote_ident(table_prefix + "queue_expiry")
         self.schema = schema
         self.locks, self.queue, self.tokens = locks, queue, tokens
         self.channel = table_prefix + "released"
         self.tables = (locks, queue, tokens)
+        self._gate_salt = f"{schema}.{table_prefix}\0".encode()
         self.create_schema = f"CREATE SCHEMA IF NOT EXISTS {s}"
         self.ddl = (
             # CACHE 1 (the default) matters: see the module docstring.
             f"CREATE SEQUENCE IF NOT EXISTS {tokens} CACHE 1 NO CYCLE",
             f"CREATE TABLE IF NOT EXISTS {locks} (\n"
             '    name text COLLATE "C" PRIMARY KEY,\n'
-            "    owner text,\n"  # NULL while free or closed by release(hold_for=...)
+            "    owner text,\n"  # NULL while closed by release(hold_for=...)
             "    token bigint NOT NULL,\n"
-            "    expires_at timestamptz NOT NULL\n"  # free once past; set to "now" on release
-            ") WITH (fillfactor = 80)",
+            "    expires_at timestamptz NOT NULL\n"  # free once past; then swept
+            ")",
+            # The sweeps find expired rows through these (module docstring).
+            f"CREATE INDEX IF NOT EXISTS {locks_expiry} ON {locks} (expires_at)",
             f"CREATE TABLE IF NOT EXISTS {queue} (\n"
             '    name text COLLATE "C" NOT NULL,\n'
             '    owner text COLLATE "C" NOT NULL,\n'
@@ -296,61 +461,70 @@ class Statements:
             ")",
             f"CREATE INDEX IF NOT EXISTS {quote_ident(table_prefix + 'queue_arrival')}"
             f" ON {queue} (name, arrival)",
+            f"CREATE INDEX IF NOT EXISTS {queue_expiry} ON {queue} (expires_at)",
         )
-        # Every object there: the DDL is skipped when all exist (no DDL rights needed).
+        # Every object there (the DDL is skipped when all exist: no DDL rights needed),
+        # and whether the database can store any text (module docstring, "Names").
         self.ready = (
             "SELECT to_regnamespace(%(schema)s) IS NOT NULL,"
             " to_regclass(%(locks)s) IS NOT NULL AND to_regclass(%(queue)s) IS NOT NULL"
             " AND to_regclass(%(tokens)s) IS NOT NULL"
+            " AND to_regclass(%(locks_expiry)s) IS NOT NULL"
+            " AND to_regclass(%(queue_expiry)s) IS NOT NULL,"
+            " current_setting('server_encoding') IN ('UTF8', 'SQL_ASCII')"
         )
-        self.ready_params = {"schema": s, "locks": locks, "queue": queue, "tokens": tokens}
+        self.ready_params = {
+            "schema": s,
+            "locks": locks,
+            "queue": queue,
+            "tokens": tokens,
+            "locks_expiry": f"{s}.{locks_expiry}",
+            "queue_expiry": f"{s}.{queue_expiry}",
+        }
         self.schema_lock = "SELECT pg_advisory_xact_lock(%(key)s)"
         self.listen = f"LISTEN {quote_ident(self.channel)}"
 
         ttl = "clock_timestamp() + %(ttl)s * interval '1 second'"
-        # The token is drawn in the SET, i.e. under the row's lock (module docstring).
-        take = (
-            f" ON CONFLICT (name) DO UPDATE"
-            f" SET owner = excluded.owner, token = nextval('{tokens}'), expires_at = {ttl}"
-            f" WHERE l.expires_at <= clock_timestamp()"
-            f" RETURNING l.token"
-        )
-        # On a conflict the same statement reports the holder's seconds left.
-        answer = (
-            " SELECT true, token, NULL::float8 FROM acquired"
-            " UNION ALL"
-            " SELECT false, NULL, extract(epoch FROM expires_at - clock_timestamp())::float8"
-            f" FROM {locks} WHERE name = %(name)s AND expires_at > clock_timestamp()"
-            " AND NOT EXISTS (SELECT FROM acquired)"
-        )
-        self.acquire = (
-            f"WITH acquired AS ("
-            f" INSERT INTO {locks} AS l (name, owner, token, expires_at)"
-            f" VALUES (%(name)s, %(owner)s, nextval('{tokens}'), {ttl})"
-            f"{take})" + answer
-        )
-        # Fair: only the head of the live queue may take the lock. In one statement:
-        # take it if nobody live arrived earlier; then leave the queue if taken, else
-        # join it (or refresh the place, keeping the arrival number); and purge the
-        # places of waiters that stopped refreshing. The data-modifying parts touch
-        # disjoint rows, as one statement may change a row only once. The purge skips
-        # places another statement has locked instead of waiting for them, so two
-        # waiters purging each other's places cannot deadlock.
         live_place = "expires_at > clock_timestamp()"
-        self.acquire_fair = (
-            f"WITH mine AS ("
+        # The name's turn (module docstring, "Fencing tokens"). A CTE with a volatile
+        # function is evaluated once, and before anything that reads from it.
+        gate = "gate AS (SELECT pg_advisory_xact_lock(%(gate)s))"
+        # Whether a live place queued ahead of this owner: the earliest live place
+        # that is not this owner's, and earlier than this owner's place if it has one.
+        ahead = (
+            f"mine AS ("
             f" SELECT arrival FROM {queue} WHERE name = %(name)s AND owner = %(owner)s"
             f"), ahead AS ("
             f" SELECT FROM {queue} WHERE name = %(name)s AND owner <> %(owner)s"
             f" AND {live_place}"
             f" AND arrival < COALESCE((SELECT arrival FROM mine), 9223372036854775807)"
             f" LIMIT 1"
-            f"), acquired AS ("
+            f")"
+        )
+        # Take the lock if nobody is ahead: insert its row, or take over an expired
+        # one. The token is drawn only once the gate is passed: the filter on `ahead`
+        # is checked before the gate's row is read, and the projection after it.
+        acquired = (
+            f"acquired AS ("
             f" INSERT INTO {locks} AS l (name, owner, token, expires_at)"
-            f" SELECT %(name)s, %(owner)s, nextval('{tokens}'), {ttl}"
+            f" SELECT %(name)s, %(owner)s, nextval('{tokens}'), {ttl} FROM gate"
             f" WHERE NOT EXISTS (SELECT FROM ahead)"
-            f"{take}"
-            f"), left_queue AS ("
+            f" ON CONFLICT (name) DO UPDATE"
+            f" SET owner = excluded.owner, token = excluded.token, expires_at = {ttl}"
+            f" WHERE l.expires_at <= clock_timestamp()"
+            f" RETURNING l.token"
+            f")"
+        )
+        # Parts that must come after the attempt, so that nothing they lock is held
+        # while the attempt waits: they read `acquired`, which runs it first.
+        after = "(SELECT count(*) FROM acquired) >= 0"
+        # Fair: leave the queue if taken, else join it (or refresh the place,
+        # keeping its arrival number), and purge the expired places of this
+        # name. One statement may change a row only once, so every part touches
+        # rows the others do not. SKIP LOCKED: two waiters purging each other's
+        # places must not wait for each other.
+        fair = (
+            f", left_queue AS ("
             f" DELETE FROM {queue} WHERE name = %(name)s AND owner = %(owner)s"
             f" AND EXISTS (SELECT FROM acquired)"
             f"), joined AS ("
@@ -360,23 +534,58 @@ class Statements:
             f" ON CONFLICT (name, owner) DO UPDATE SET expires_at = excluded.expires_at"
             f"), purged AS ("
             f" DELETE FROM {queue} WHERE (name, owner) IN ("
-            f" SELECT name, owner FROM {queue} WHERE name = %(name)s AND owner <> %(owner)s"
-            f" AND NOT {live_place} FOR UPDATE SKIP LOCKED)"
-            f")" + answer
+            f" SELECT name, owner FROM {queue} WHERE {after} AND name = %(name)s"
+            f" AND owner <> %(owner)s AND NOT {live_place} FOR UPDATE SKIP LOCKED)"
+            f")"
         )
+
+        # The sweep (module docstring): expired rows of other names, oldest first.
+        # The ids are collected (and locked) once, and the deletion by id is skipped
+        # when there are none, so a sweep with nothing to do costs one index probe.
+        def sweep(table: str, tag: str) -> str:
+            return (
+                f", doomed_{tag} AS (SELECT ARRAY("
+                f"SELECT ctid FROM {table} WHERE {after} AND expires_at < now()"
+                f" AND name <> %(name)s ORDER BY expires_at LIMIT {SWEEP_BATCH}"
+                f" FOR UPDATE SKIP LOCKED) AS ids"
+                f"), swept_{tag} AS ("
+                f" DELETE FROM {table} WHERE ctid = ANY ((SELECT ids FROM doomed_{tag})::tid[])"
+                f" AND cardinality((SELECT ids FROM doomed_{tag})) > 0"
+                f")"
+            )
+
+        sweeps = sweep(locks, "rows") + sweep(queue, "places")
+        # Granted: the token. Refused: the holder's seconds left, or no row at all
+        # when the lock is free but someone is queued ahead.
+        answer = (
+            " SELECT true, token, NULL::float8 FROM acquired"
+            " UNION ALL"
+            " SELECT false, NULL, extract(epoch FROM expires_at - clock_timestamp())::float8"
+            f" FROM {locks} WHERE name = %(name)s AND expires_at > clock_timestamp()"
+            " AND NOT EXISTS (SELECT FROM acquired)"
+        )
+        head = f"WITH {gate}, {ahead}, {acquired}"
+        # Indexed by (fair, sweep).
+        self.acquire = {
+            (False, False): head + answer,
+            (False, True): head + sweeps + answer,
+            (True, False): head + fair + answer,
+            (True, True): head + fair + sweeps + answer,
+        }
 
         live = "name = %(name)s AND expires_at > clock_timestamp()"
         mine = f"{live} AND owner = %(owner)s"
         # Compare-and-change by owner, and in the same statement whether a live row
-        # remains (someone else's: LOST) or none does (EXPIRED).
+        # remains (someone else's: LOST) or none does (EXPIRED). The main query sees
+        # the rows as they were before the change, which matters only when none was.
         verdict = (
             f" SELECT (SELECT count(*) FROM changed), EXISTS (SELECT FROM {locks} WHERE {live})"
         )
         # The notification is part of the change, delivered only if it commits.
         self.release = (
             f"WITH changed AS ("
-            f" UPDATE {locks} SET owner = NULL, expires_at = clock_timestamp() WHERE {mine}"
-            f" RETURNING pg_notify(%(channel)s, %(key)s)"
+            f" DELETE FROM {locks} WHERE {mine}"
+            f" RETURNING pg_notify(%(channel)s, %(name)s)"
             f")" + verdict
         )
         self.close = (
@@ -398,8 +607,8 @@ class Statements:
         )
         self.force_release = (
             f"WITH changed AS ("
-            f" UPDATE {locks} SET owner = NULL, expires_at = clock_timestamp() WHERE {live}"
-            f" RETURNING pg_notify(%(channel)s, %(key)s)"
+            f" DELETE FROM {locks} WHERE {live}"
+            f" RETURNING pg_notify(%(channel)s, %(name)s)"
             f") SELECT count(*) FROM changed"
         )
         # Leave the queue; if the leaver was its live head, the next waiter may go now.
@@ -407,10 +616,15 @@ class Statements:
             f"WITH gone AS ("
             f" DELETE FROM {queue} WHERE name = %(name)s AND owner = %(owner)s"
             f" RETURNING arrival"
-            f") SELECT pg_notify(%(channel)s, %(key)s) IS NULL FROM gone"
+            f") SELECT pg_notify(%(channel)s, %(name)s) IS NULL FROM gone"
             f" WHERE NOT EXISTS (SELECT FROM {queue} q WHERE q.name = %(name)s"
             f" AND q.owner <> %(owner)s AND q.{live_place} AND q.arrival < gone.arrival)"
         )
+
+    def gate_key(self, key: str) -> int:
+        """The advisory lock key that serialises acquisitions of `key` in these tables."""
+        digest = hashlib.blake2b(self._gate_salt + key.encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big", signed=True)
 
 
 def migration_sql(

@@ -1194,6 +1194,9 @@ class PostgresServer(ServerProcess):
 
     fsync, synchronous_commit and full_page_writes are off: the data is
     thrown away after the test, and durability costs seconds per test.
+    With ``tls=True`` it also serves TLS (``ssl=on``) with a certificate for
+    127.0.0.1 and localhost from a throwaway CA (``ca_file``), and its
+    ``url`` asks for ``sslmode=verify-full`` against that CA.
     """
 
     kind = "postgres"
@@ -1204,9 +1207,19 @@ class PostgresServer(ServerProcess):
     database: ClassVar[str] = "corral"
 
     def __init__(
-        self, workdir: Path, port: int, *, startup_timeout: float = STARTUP_TIMEOUT
+        self,
+        workdir: Path,
+        port: int,
+        *,
+        tls: bool = False,
+        startup_timeout: float = STARTUP_TIMEOUT,
     ) -> None:
         super().__init__(workdir, port, startup_timeout=startup_timeout)
+        self.tls = tls
+        self.ca_file: Path | None = None
+        self._tls_files: tuple[Path, Path] | None = None
+        if tls:
+            require_binary("openssl")
         # Every tool from the directory holding the server binary, so initdb's
         # catalog version matches the postgres that reads it.
         self.bindir = Path(require_binary("postgres")).resolve().parent
@@ -1233,7 +1246,10 @@ class PostgresServer(ServerProcess):
 
     @property
     def url(self) -> str:
-        return f"postgresql://{self.user}@{self.host}:{self.port}/{self.database}"
+        url = f"postgresql://{self.user}@{self.host}:{self.port}/{self.database}"
+        if self.tls:
+            url += f"?sslmode=verify-full&sslrootcert={quote(str(self.ca_file), safe='/')}"
+        return url
 
     def _run_as(self) -> str | None:
         return self.os_user
@@ -1288,6 +1304,23 @@ class PostgresServer(ServerProcess):
             self.socket_dir = self._external_dir("corral-pgs-")
         self._owned_dir(self.socket_dir)
         self._initdb()
+        if self.tls:
+            self._make_tls()
+
+    def _make_tls(self) -> None:
+        """A CA and a server certificate; the key readable by the server's user alone."""
+        tls_dir = self._owned_dir(self.data_dir.parent / "tls")
+        self.ca_file, _, cert_file, key_file = _make_tls_files(tls_dir)
+        # The server refuses a key file others may read; and the CA file must be
+        # readable by the clients (the tests), who may be another user.
+        os.chmod(key_file, 0o600)
+        os.chmod(cert_file, 0o644)
+        os.chmod(self.ca_file, 0o644)
+        if self.os_user is not None:
+            entry = pwd.getpwnam(self.os_user)
+            for path in (cert_file, key_file):
+                os.chown(path, entry.pw_uid, entry.pw_gid)
+        self._tls_files = (cert_file, key_file)
 
     def _initdb(self) -> None:
         command = [
@@ -1341,6 +1374,17 @@ class PostgresServer(ServerProcess):
             "-c", "fsync=off",
             "-c", "synchronous_commit=off",
             "-c", "full_page_writes=off",
+            *self._tls_command(),
+        ]  # fmt: skip
+
+    def _tls_command(self) -> list[str]:
+        if self._tls_files is None:
+            return []
+        cert_file, key_file = self._tls_files
+        return [
+            "-c", "ssl=on",
+            "-c", f"ssl_cert_file={cert_file}",
+            "-c", f"ssl_key_file={key_file}",
         ]  # fmt: skip
 
     def _client(self, tool: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -1383,9 +1427,14 @@ class PostgresServer(ServerProcess):
         self._database_created = True
 
 
-def start_postgres(workdir: Path, *, startup_timeout: float = STARTUP_TIMEOUT) -> PostgresServer:
-    """initdb a new cluster under ``workdir``, start it and create database ``corral``."""
+def start_postgres(
+    workdir: Path, *, tls: bool = False, startup_timeout: float = STARTUP_TIMEOUT
+) -> PostgresServer:
+    """initdb a new cluster under ``workdir``, start it and create database ``corral``.
+
+    ``tls=True``: it serves TLS too (see `PostgresServer`).
+    """
     server = PostgresServer(
-        _server_dir(workdir, "postgres"), free_port(), startup_timeout=startup_timeout
+        _server_dir(workdir, "postgres"), free_port(), tls=tls, startup_timeout=startup_timeout
     )
     return _start_with_port_retries(server)

@@ -16,9 +16,12 @@ runs. The SQL, the schema and why each statement is as it is live in
 `corral.backends.postgres_sql`.
 
 **One statement per primitive.** Acquiring is one `INSERT … ON CONFLICT (name)
-DO UPDATE … WHERE <expired>` that also reports the holder's seconds left when
-it did not take the lock; a fair acquisition adds the queue to that same
-statement. Release, extend, force-release and leaving the queue are each one
+DO UPDATE … WHERE <expired>`, behind the name's advisory lock and the check
+that nobody is queued ahead, that also reports the holder's seconds left when
+it did not take the lock; a fair acquisition adds its place in the queue to
+that same statement, and now and then an acquisition also sweeps expired rows
+(see `corral.backends.postgres_sql`: "Fencing tokens", "State per name").
+Release, extend, force-release and leaving the queue are each one
 compare-and-change statement that also says what it found and, where waiters
 should wake, calls `pg_notify` in it. With the connection pool
 (`psycopg_pool`, up to `max_connections`) each primitive is one round trip.
@@ -46,7 +49,9 @@ and opens its own on first use.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
+import re
 import threading
 import time
 import weakref
@@ -62,6 +67,7 @@ from corral._sync.backends.base import Backend, Feed, SubscribingWaiter
 from corral.backends import postgres_sql as sql
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock
+from corral.core.options import Option
 from corral.core.primitives import Attempt, LockInfo, Outcome
 from corral.errors import BackendError, BackendUnavailable, ConfigError
 
@@ -212,15 +218,22 @@ class PostgresWaiter(SubscribingWaiter):
     def __init__(self, backend: PostgresBackend, name: str) -> None:
         super().__init__(backend.local_bus, name)
         self._backend = backend
-        self._key = sql.notify_key(name)
+        self._key = ""
 
     def _join(self) -> Feed:
-        return self._backend._subscribe(self._name, self._key, self._event)
+        feed, self._key = self._backend._subscribe(self._name, self._event)
+        return feed
 
     def _leave(self, feed: Feed) -> None:
         assert isinstance(feed, ReleaseFeed)
         feed.leave(self._key, self._event)
 
+
+# libpq's words when a TLS connection cannot be set up as configured (a certificate not
+# trusted or for another host, a server without TLS, a missing file), as opposed to a
+# TLS connection that broke (SYSCALL, EOF), which is the network's or the server's doing.
+_TLS_SETUP = re.compile(r"certificate|SSL error|does not support SSL|\bssl[a-z]+=", re.I)
+_TLS_BROKEN = re.compile(r"SYSCALL|unexpected eof|closed unexpectedly", re.I)
 
 _BACKENDS: weakref.WeakSet[PostgresBackend] = weakref.WeakSet()
 # The parents' pools and connections a forked child must neither use nor finalise.
@@ -257,7 +270,22 @@ class PostgresBackend(Backend):
             "never evicted: locks are rows on disk; a full disk makes acquisitions fail "
             "with an error instead"
         ),
+        fencing_tokens=(
+            "one sequence per table prefix (nextval, never reused or rolled back), drawn "
+            "inside the acquiring statement after a per-name transaction advisory lock, so "
+            "each acquisition of a name draws after the previous one committed; only a crash "
+            "with synchronous_commit=off or fsync=off, or a failover to an asynchronous "
+            "standby, can hand out a token twice"
+        ),
+        state_per_name=(
+            "nothing: a release deletes the lock's row; a row left to expire (a crashed "
+            "holder, a hold_for closure) and a dead fair waiter's place are deleted after "
+            "they expire by later acquisitions of any name (a store's first, then one in "
+            f"{sql.SWEEP_EVERY}, up to {sql.SWEEP_BATCH} rows each); tokens keep increasing "
+            "as they come from one sequence"
+        ),
     )
+    url_options: ClassVar[tuple[Option, ...]] = sql.OPTIONS
 
     def __init__(self, options: sql.PostgresOptions) -> None:
         super().__init__()
@@ -265,6 +293,10 @@ class PostgresBackend(Backend):
         self._timeout = options.timeout
         self._sql = sql.Statements(options.schema, options.table_prefix)
         self._schema_ready = False
+        # Whether the database can store only ASCII keys (postgres_sql, "Names").
+        self._ascii_keys = False
+        # Which acquisitions sweep expired rows (postgres_sql, "State per name").
+        self._acquisitions = itertools.count()
         self._closed = False
         self._mutex = threading.Lock()
         self._proc = _Process()
@@ -336,7 +368,8 @@ class PostgresBackend(Backend):
             cursor = conn.execute(statements.ready, statements.ready_params)
             row = cursor.fetchone()
             assert row is not None
-            has_schema, has_tables = row
+            has_schema, has_tables, any_text = row
+            self._ascii_keys = not any_text
             if not has_tables:
                 with conn.transaction():
                     # Serialises concurrent creators: see postgres_sql's docstring.
@@ -368,13 +401,23 @@ class PostgresBackend(Backend):
             pool.putconn(conn)
         return pool.getconn(timeout=max(deadline - time.monotonic(), 0.001))
 
+    def _key(self, name: str) -> str:
+        return sql.lock_key(name, ascii_only=self._ascii_keys)
+
     def _fetch(
-        self, name: str, action: str, query: str, params: dict[str, Any]
+        self, name: str, action: str, query: str, params: dict[str, Any], *, gate: bool = False
     ) -> list[tuple[Any, ...]]:
-        """Run one statement on a pooled connection, with every failure mapped to corral's."""
+        """Run one statement on a pooled connection, with every failure mapped to corral's.
+
+        `params` gets the lock's key as `name` (and its advisory lock key as
+        `gate`), once the first connection told which keys the database can store.
+        """
         alarm = sql.Alarm()
         try:
             pool = self._pool(alarm)
+            key = params["name"] = self._key(name)
+            if gate:
+                params["gate"] = self._sql.gate_key(key)
             conn = self._borrow(pool)
             try:
                 with sql.watchdog().armed(conn.fileno(), self._timeout, alarm):
@@ -394,8 +437,8 @@ class PostgresBackend(Backend):
         """The corral error for a psycopg failure: names the lock and server, says what to do."""
         where = f"lock {name!r} on {self.server}: could not {action} it"
         text = " ".join(str(exc).split()) or type(exc).__name__
-        if self._options.password:
-            text = text.replace(self._options.password, "***")
+        for secret in self._options.secrets:
+            text = text.replace(secret, "***")  # libpq never quotes one; just in case
         if isinstance(exc, (_Closed, PoolClosed)):
             return BackendError(f"{where}: the store is closed; open a new one")
         if timed_out or isinstance(exc, pg_errors.QueryCanceled):
@@ -426,6 +469,17 @@ class PostgresBackend(Backend):
                 f"{where}: corral's tables are gone ({text}); recreate them with "
                 "corral.backends.postgres_sql.migration_sql(), or open a new store"
             )
+        if (
+            isinstance(exc, psycopg.OperationalError)
+            and "connection to server" in text  # libpq could not connect
+            and _TLS_SETUP.search(text)
+            and not _TLS_BROKEN.search(text)
+        ):
+            return BackendError(
+                f"{where}: the TLS connection failed ({text}); check sslmode=, that "
+                "sslrootcert= names the CA that signed the server's certificate, and that "
+                "the URL's host is a name the certificate gives"
+            )
         if isinstance(exc, (psycopg.OperationalError, OSError)):
             return BackendUnavailable(
                 f"{where}: the server could not be reached, refused the connection or "
@@ -450,28 +504,27 @@ class PostgresBackend(Backend):
     ) -> Attempt:
         if replicas:
             raise ConfigError(f"{self.server} does not support replicas=N")
-        params: dict[str, Any] = {"name": name, "owner": owner, "ttl": float(ttl)}
-        query = self._sql.acquire
+        params: dict[str, Any] = {"owner": owner, "ttl": float(ttl)}
         if queue_ttl is not None:
-            query = self._sql.acquire_fair
             params["queue_ttl"] = float(queue_ttl)
-        rows = self._fetch(name, "acquire", query, params)
+        sweep = next(self._acquisitions) % sql.SWEEP_EVERY == 0
+        query = self._sql.acquire[queue_ttl is not None, sweep]
+        rows = self._fetch(name, "acquire", query, params, gate=True)
         if not rows:
-            return Attempt(False)  # free, but another fair waiter is ahead
+            return Attempt(False)  # free, but a live waiter is queued ahead
         granted, token, left = rows[0]
         if granted:
             return Attempt(True, token=int(token))
         return Attempt(False, holder_ttl=max(0.0, float(left)))
 
     def release(self, name: str, owner: str, hold_for: float = 0.0) -> Outcome:
-        params: dict[str, Any] = {"name": name, "owner": owner}
+        params: dict[str, Any] = {"owner": owner}
         if hold_for > 0:
             query = self._sql.close
             params["hold"] = float(hold_for)
         else:
             query = self._sql.release
             params["channel"] = self._sql.channel
-            params["key"] = sql.notify_key(name)
         rows = self._fetch(name, "release", query, params)
         outcome = self._outcome(rows)
         if outcome is Outcome.OK and hold_for <= 0:
@@ -479,7 +532,7 @@ class PostgresBackend(Backend):
         return outcome
 
     def extend(self, name: str, owner: str, ttl: float) -> Outcome:
-        params = {"name": name, "owner": owner, "ttl": float(ttl)}
+        params: dict[str, Any] = {"owner": owner, "ttl": float(ttl)}
         return self._outcome(self._fetch(name, "extend", self._sql.extend, params))
 
     @staticmethod
@@ -490,14 +543,14 @@ class PostgresBackend(Backend):
         return Outcome.LOST if held else Outcome.EXPIRED
 
     def inspect(self, name: str) -> LockInfo | None:
-        rows = self._fetch(name, "inspect", self._sql.inspect, {"name": name})
+        rows = self._fetch(name, "inspect", self._sql.inspect, {})
         if not rows:
             return None
         owner, token, left = rows[0]
         return LockInfo(name, owner, int(token), max(0.0, float(left)))
 
     def force_release(self, name: str) -> bool:
-        params = {"name": name, "channel": self._sql.channel, "key": sql.notify_key(name)}
+        params: dict[str, Any] = {"channel": self._sql.channel}
         rows = self._fetch(name, "force-release", self._sql.force_release, params)
         released = bool(rows[0][0])
         if released:
@@ -505,12 +558,7 @@ class PostgresBackend(Backend):
         return released
 
     def leave_queue(self, name: str, owner: str) -> None:
-        params = {
-            "name": name,
-            "owner": owner,
-            "channel": self._sql.channel,
-            "key": sql.notify_key(name),
-        }
+        params: dict[str, Any] = {"owner": owner, "channel": self._sql.channel}
         if self._fetch(name, "leave the queue of", self._sql.leave_queue, params):
             self.local_bus.notify(name)
 
@@ -527,16 +575,19 @@ class PostgresBackend(Backend):
                 feed = proc.feed = ReleaseFeed(self._options, self._sql)
             return feed
 
-    def _subscribe(self, name: str, key: str, event: Event) -> ReleaseFeed:
+    def _subscribe(self, name: str, event: Event) -> tuple[ReleaseFeed, str]:
+        """Have `event` set on every release of `name`; returns the feed and the key heard."""
         alarm = sql.Alarm()
         try:
             if self._closed:
                 raise _Closed
+            self._pool(alarm)  # the first connection tells which keys the database takes
+            key = self._key(name)
             feed = self._current_feed()
             feed.join(key, event, alarm)
         except (psycopg.Error, OSError, _Closed) as exc:
             raise self._error(exc, name, "wait for", alarm.fired) from exc
-        return feed
+        return feed, key
 
     def close(self) -> None:
         self._closed = True
