@@ -221,3 +221,21 @@ def test_forked_child_does_not_own_the_parents_lock(backend_url: str, name: str)
         time.sleep(2.5)
         assert lock.owned()
         lock.release()
+
+
+def test_an_interruption_between_the_grant_and_acquire_returning_takes_it_back(
+    backend_url: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(self: object, lock: object) -> None:
+        raise KeyboardInterrupt
+
+    with corral.connect(backend_url) as store:
+        lock = store.lock(name, ttl=30, auto_renew=True)
+        monkeypatch.setattr(sync_renewer.Renewer, "register", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            lock.acquire()
+        monkeypatch.undo()
+        assert not lock.held and lock.token is None
+        assert store.lock_info(name) is None
+        assert lock.acquire()  # the handle is usable again
+        lock.release()

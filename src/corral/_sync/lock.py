@@ -359,6 +359,34 @@ class Lock:
         sent_at: float,
         contended: bool,
     ) -> bool:
+        """Make the grant the handle's; if anything interrupts that, take the grant back."""
+        try:
+            return self._record_grant(
+                owner, me, attempt, started=started, sent_at=sent_at, contended=contended
+            )
+        except BaseException:
+            # Interrupted (Ctrl-C in the blocking flavour) between the server's grant and
+            # acquire() returning: the caller sees no acquisition, so there must be none.
+            with self._state:
+                held = self._held
+                if held is not None and held.owner == owner:
+                    held.released = True
+                    self._held = None
+            if self.auto_renew:
+                renewer().unregister(self)
+            self._take_back(owner)
+            raise
+
+    def _record_grant(
+        self,
+        owner: str,
+        me: object,
+        attempt: Attempt,
+        *,
+        started: float,
+        sent_at: float,
+        contended: bool,
+    ) -> bool:
         assert attempt.token is not None
         now = self.clock_now()
         held = _Held(

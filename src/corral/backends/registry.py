@@ -80,9 +80,11 @@ def redact(url: str) -> str:
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
-    netloc, slash, tail = rest.partition("/")
-    tail = re.sub(r"(?i)(password=)[^&]*", r"\1***", tail)
-    userinfo, at, hosts = netloc.rpartition("@")
+    # The user info ends at the last "@" before the query: a password may hold a "/"
+    # that was not percent-encoded, so the first "/" does not end it.
+    before_query, question, query = rest.partition("?")
+    userinfo, at, after = before_query.rpartition("@")
     if at and ":" in userinfo:
-        netloc = f"{userinfo.split(':', 1)[0]}:***@{hosts}"
-    return f"{scheme}://{netloc}{slash}{tail}"
+        before_query = f"{userinfo.split(':', 1)[0]}:***@{after}"
+    query = re.sub(r"(?i)((?:ssl)?password=)[^&]*", r"\1***", query)
+    return f"{scheme}://{before_query}{question}{query}"

@@ -8,6 +8,7 @@ here, where a fake clock tests it exactly.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import socket
 
@@ -38,9 +39,14 @@ MIN_RETRY = 0.001
 STARVE_AFTER = 0.1
 
 
+# Characters no server should have to store in an owner id: control characters and
+# lone surrogates (a thread may be given any name).
+_UNSTORABLE = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
+
+
 def make_owner(label: str) -> str:
     """A unique, readable owner id: who holds the lock, for humans and for compare-and-delete."""
-    return f"{_HOST}:{os.getpid()}:{label}:{secrets.token_hex(6)}"
+    return f"{_HOST}:{os.getpid()}:{_UNSTORABLE.sub('?', label)}:{secrets.token_hex(6)}"
 
 
 class WaitPlan:

@@ -67,8 +67,13 @@ def merge_options(
     if query:
         try:
             pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=True)
-        except ValueError as exc:
-            raise ConfigError(f"{shown_url}: cannot parse the options after '?' ({exc})") from None
+        except ValueError:
+            # Not the parser's message: it quotes the bad field, which may be part of a
+            # password that was not percent-encoded.
+            raise ConfigError(
+                f"{shown_url}: cannot parse the options after '?': expected name=value pairs "
+                "joined by '&', with '&', '=', '%', '#' and '+' in values percent-encoded"
+            ) from None
         bad = []
         for key, value in pairs:
             option = options.get(key)
