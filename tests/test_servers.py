@@ -31,6 +31,7 @@ from redis.retry import Retry
 from corral.testing import servers
 from corral.testing.servers import (
     EtcdServer,
+    ProcessInfo,
     ServerProcess,
     ServerStartError,
     ServerUnavailable,
@@ -145,6 +146,82 @@ def test_require_binary_names_the_debian_package(monkeypatch: pytest.MonkeyPatch
         require_binary("initdb")
     with pytest.raises(ServerUnavailable, match="corral-no-such-binary"):
         require_binary("corral-no-such-binary")
+
+
+# --------------------------------------------------------------------------- process trees
+
+
+def _states(procs: list[ProcessInfo]) -> dict[int, str]:
+    now = {p.pid: servers.process_info(p.pid) for p in procs}
+    return {pid: info.state for pid, info in now.items() if info is not None}
+
+
+def _assert_all_gone(procs: list[ProcessInfo], what: str) -> None:
+    left = [
+        f"{p.pid} {servers.process_info(p.pid)} {servers.command_line(p.pid)}"
+        for p in procs
+        if servers.is_current(p)
+    ]
+    assert not left, f"{what} left: {left}"
+
+
+def _tree_of_size(pid: int, size: int) -> list[ProcessInfo]:
+    def grown() -> list[ProcessInfo]:
+        tree = servers.process_tree(pid)
+        assert len(tree) == size, tree
+        return tree
+
+    return _eventually(grown)
+
+
+@pytest.fixture
+def forking_shell() -> Iterator[subprocess.Popen[bytes]]:
+    """A shell with a child and a grandchild, all sleeping."""
+    proc = subprocess.Popen(["sh", "-c", "sleep 300 & sh -c 'sleep 300 & wait' & wait"])
+    # Remembered now: once a test kills the shell, its children are no
+    # longer found through it.
+    tree = _tree_of_size(proc.pid, 4)
+    yield proc
+    servers.kill_processes(tree)
+    proc.wait()
+
+
+def test_freeze_tree_stops_every_descendant_until_continued(
+    forking_shell: subprocess.Popen[bytes],
+) -> None:
+    tree = servers.process_tree(forking_shell.pid)
+    frozen = servers.freeze_tree(forking_shell.pid)
+    assert {p.key for p in frozen} == {p.key for p in tree}
+    assert set(_states(tree).values()) == {"T"}
+    servers.continue_processes(frozen)
+
+    def running() -> None:
+        assert "T" not in _states(tree).values()
+
+    _eventually(running)
+
+
+def test_kill_processes_ends_stopped_processes_too(
+    forking_shell: subprocess.Popen[bytes],
+) -> None:
+    tree = servers.process_tree(forking_shell.pid)
+    servers.freeze_tree(forking_shell.pid)
+    assert servers.kill_processes(tree) == []
+    _assert_all_gone(tree, "kill_processes")
+
+
+def test_signal_process_spares_a_process_that_reused_the_pid(
+    forking_shell: subprocess.Popen[bytes],
+) -> None:
+    shell = servers.process_info(forking_shell.pid)
+    assert shell is not None and shell.running
+    impostor = ProcessInfo(pid=shell.pid, ppid=shell.ppid, state="S", start=shell.start - 1)
+    assert not servers.signal_process(impostor, signal.SIGKILL)
+    assert not servers.is_current(impostor)
+    assert servers.is_current(shell)
+    assert servers.signal_process(shell, signal.SIGKILL)
+    forking_shell.wait()
+    assert not servers.is_current(shell)
 
 
 # --------------------------------------------------------------------------- Redis
@@ -429,6 +506,92 @@ def test_postgres_in_a_deeply_nested_workdir(launch: Callable[..., Any], tmp_pat
     assert len(str(server.socket_dir / f".s.PGSQL.{server.port}")) < 108
     with psycopg.connect(server.url, connect_timeout=5) as conn:
         assert conn.execute("select 1").fetchone() == (1,)
+
+
+@pytest.fixture
+def busy_postgres(
+    launch: Callable[..., Any], tmp_path: Path
+) -> Iterator[tuple[servers.PostgresServer, list[psycopg.Connection[Any]]]]:
+    """A PostgreSQL with two client connections, so it has backends too."""
+    server = launch(lambda: start_postgres(tmp_path))
+    clients = [psycopg.connect(server.url, connect_timeout=5, autocommit=True) for _ in range(2)]
+    for client in clients:
+        assert client.execute("select 1").fetchone() == (1,)
+    yield server, clients
+    for client in clients:
+        client.close()
+
+
+BusyPostgres = tuple[servers.PostgresServer, list["psycopg.Connection[Any]"]]
+
+
+def test_pause_stops_every_postgres_process_and_resume_continues_them(
+    busy_postgres: BusyPostgres,
+) -> None:
+    server, clients = busy_postgres
+    tree = servers.process_tree(server.pid)
+    assert len(tree) >= 4, "expected the postmaster, its helpers and two backends"
+    server.pause()
+    assert set(_states(tree).values()) == {"T"}, "a PostgreSQL process kept running"
+    server.resume()
+
+    def running() -> None:
+        assert "T" not in _states(tree).values()
+
+    _eventually(running)
+    for client in clients:
+        assert client.execute("select 2").fetchone() == (2,)
+
+
+def test_stopping_a_paused_postgres_leaves_none_of_its_processes(
+    busy_postgres: BusyPostgres,
+) -> None:
+    # The fault tests pause a server mid-wait and then stop it: the backends
+    # stayed stopped, orphaned, for ever.
+    server, _ = busy_postgres
+    tree = servers.process_tree(server.pid)
+    server.pause()
+    server.stop()
+    _assert_all_gone(tree, "stopping a paused PostgreSQL")
+    assert not server.is_running
+
+
+def test_killing_a_paused_postgres_leaves_none_of_its_processes(
+    busy_postgres: BusyPostgres,
+) -> None:
+    server, _ = busy_postgres
+    tree = servers.process_tree(server.pid)
+    server.pause()
+    server.kill()
+    _assert_all_gone(tree, "killing a paused PostgreSQL")
+    server.restart()  # nothing of the old server holds its shared memory
+    with psycopg.connect(server.url, connect_timeout=5) as conn:
+        assert conn.execute("select 1").fetchone() == (1,)
+
+
+def test_stop_finds_helpers_of_a_postmaster_killed_behind_its_back(
+    busy_postgres: BusyPostgres,
+) -> None:
+    # A test may SIGKILL the server by pid while it is paused: its stopped
+    # helpers are adopted elsewhere, out of the server's tree, and only the
+    # list pause() kept still leads to them.
+    server, _ = busy_postgres
+    tree = servers.process_tree(server.pid)
+    server.pause()
+    os.kill(server.pid, signal.SIGKILL)
+    server.stop()
+    _assert_all_gone(tree, "stopping a PostgreSQL whose postmaster was killed while paused")
+
+
+def test_stop_continues_processes_a_test_stopped_by_hand(
+    busy_postgres: BusyPostgres,
+) -> None:
+    server, _ = busy_postgres
+    tree = servers.process_tree(server.pid)
+    for proc in tree:  # as tests/test_postgres_backend.py's freeze() does
+        os.kill(proc.pid, signal.SIGSTOP)
+    server.stop()
+    _assert_all_gone(tree, "stopping a PostgreSQL frozen by hand")
 
 
 # --------------------------------------------------------------------------- cleanup
