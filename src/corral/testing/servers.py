@@ -729,6 +729,8 @@ class ServerProcess:
         the server keeps the list so that `resume()` and `stop()` continue them.
         """
         self._require_running()
+        # The group first: all there is to stop where there is no /proc.
+        _signal_group(self.pid, signal.SIGSTOP)
         self._paused = _merge(self._paused, freeze_tree(self.pid))
 
     def resume(self) -> None:
@@ -824,8 +826,11 @@ class ServerProcess:
 
     def _continue_all(self) -> None:
         """SIGCONT every process of the server, paused or not, and forget the pause."""
-        tree = process_tree(self.pid) if self._leader_running() else []
+        running = self._leader_running()
+        tree = process_tree(self.pid) if running else []
         continue_processes(_merge(self._paused, tree))
+        if running:
+            _signal_group(self.pid, signal.SIGCONT)  # where there is no /proc
         self._paused = []
 
     def _signal_stop(self) -> None:
@@ -840,6 +845,8 @@ class ServerProcess:
         # continued: a PostgreSQL whose backends stay stopped never finishes
         # its shutdown, and backends orphaned while stopped stay so for ever.
         continue_processes(self._stopping)
+        if tree:
+            _signal_group(self.pid, signal.SIGCONT)  # where there is no /proc
         self._paused = []
 
     def _finish_stop(self, deadline: float) -> None:
