@@ -4,7 +4,8 @@ Every contract test takes `backend_url` and so runs once per backend; a test
 that needs a capability (`@pytest.mark.capability("cross_process")`) is only
 generated for the backends that declare it, so nothing is silently skipped.
 Servers are started once per session on free loopback ports in temporary
-folders and stopped by PID at the end.
+folders and stopped by PID at the end; `tests.leftovers` then checks that the
+run left no process and no temporary directory behind.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import pytest
 
 from corral.backends.registry import BACKENDS
 from corral.core.capabilities import Capabilities
+
+pytest_plugins = ["tests.leftovers"]
 
 # Backends the contract suite knows, in the order they are reported, and the URL
 # scheme of each (etcd runs twice: one node, and a three-member cluster).

@@ -6,7 +6,8 @@ approximately, so the tests run against the real binaries.  They must never
 touch a server somebody already runs (a developer's Redis on 6379 holds real
 data), and parallel test runs must not share state, so every server started
 here gets its own free loopback port and its own directory, and is stopped by
-the PID we started rather than by name.
+the PID we started rather than by name, together with every process it forked
+(see "process trees" below), whatever state a test left them in.
 
 Only the standard library is used: the client libraries are optional extras
 of corral, and a missing client must not make the fixtures themselves fail.
@@ -15,7 +16,9 @@ of corral, and a missing client must not make the fixtures themselves fail.
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
+import dataclasses
 import functools
 import http.client
 import io
@@ -35,7 +38,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import ClassVar, TypeVar
@@ -49,18 +52,31 @@ __all__ = [
     "EtcdServer",
     "MemcachedServer",
     "PostgresServer",
+    "ProcessInfo",
     "RedisServer",
     "ServerError",
     "ServerProcess",
     "ServerStartError",
     "ServerUnavailable",
+    "command_line",
+    "continue_processes",
+    "descendants",
     "free_port",
+    "freeze_tree",
+    "is_current",
+    "kill_processes",
+    "list_processes",
+    "process_info",
+    "process_tree",
     "require_binary",
+    "signal_process",
     "start_etcd",
     "start_etcd_cluster",
     "start_memcached",
     "start_postgres",
     "start_redis",
+    "stop_all",
+    "wait_gone",
 ]
 
 LOCALHOST = "127.0.0.1"
@@ -265,33 +281,219 @@ def _exit_status(pid: int) -> int | None:
     return int(result.si_status)
 
 
-def _children(pid: int) -> list[int]:
-    """Direct children of `pid`: servers whose workers leave the parent's process
-    group (PostgreSQL backends call setsid) are out of reach of `killpg`."""
-    found: list[int] = []
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return found
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-            found.append(int(entry.name))
-    return found
-
-
-def _signal_pid(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, sig)
-
-
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+# --------------------------------------------------------------------------- process trees
+#
+# A server is more than the process we started: PostgreSQL forks a checkpointer,
+# a WAL writer and a backend per connection, and every one of them calls
+# setsid(), so neither the server's process group nor its session reaches them.
+# Parenthood does, and /proc records it, so pausing, stopping and killing act on
+# the whole tree of descendants.  A pid alone is no identity (pids are reused),
+# so a process is remembered with its start time and signalled through a pidfd
+# once that identity is checked.
+
+_DEAD_STATES = frozenset({"Z", "X", "x"})
+_STOPPED_STATES = frozenset({"T", "t"})
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessInfo:
+    """One process as /proc showed it.
+
+    ``start`` (clock ticks after boot) tells the process apart from a later
+    one that is given the same pid.
+    """
+
+    pid: int
+    ppid: int
+    state: str
+    start: int
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """The process's identity: the same pid with another start is another process."""
+        return (self.pid, self.start)
+
+    @property
+    def running(self) -> bool:
+        """False for a zombie, which holds nothing but its exit status."""
+        return self.state not in _DEAD_STATES
+
+
+def process_info(pid: int) -> ProcessInfo | None:
+    """What /proc says about ``pid`` now, or None if there is no such process."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and ")": split after the last ")".
+    fields = raw[raw.rindex(b")") + 2 :].split()
+    return ProcessInfo(
+        pid=pid, ppid=int(fields[1]), state=fields[0].decode(), start=int(fields[19])
+    )
+
+
+def list_processes() -> dict[int, ProcessInfo]:
+    """Every process on the machine by pid; empty where there is no /proc."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return {}
+    found: dict[int, ProcessInfo] = {}
+    for name in names:
+        if name.isdigit():
+            info = process_info(int(name))
+            if info is not None:
+                found[info.pid] = info
+    return found
+
+
+def descendants(
+    roots: Iterable[int], table: Mapping[int, ProcessInfo] | None = None
+) -> list[ProcessInfo]:
+    """Children, grandchildren... of the ``roots`` (not the roots), parents first."""
+    table = list_processes() if table is None else table
+    children: dict[int, list[ProcessInfo]] = {}
+    for info in table.values():
+        children.setdefault(info.ppid, []).append(info)
+    queue = collections.deque(roots)
+    seen = set(queue)
+    found: list[ProcessInfo] = []
+    while queue:
+        for child in children.get(queue.popleft(), ()):
+            if child.pid not in seen:
+                seen.add(child.pid)
+                found.append(child)
+                queue.append(child.pid)
+    return found
+
+
+def process_tree(pid: int) -> list[ProcessInfo]:
+    """``pid`` and all its descendants, parents first; empty once it is gone."""
+    table = list_processes()
+    root = table.get(pid)
+    return [] if root is None else [root, *descendants([pid], table)]
+
+
+def command_line(pid: int) -> str:
+    """The command line of ``pid`` as ps shows it (``?`` once it is gone)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "?"
+    # PostgreSQL rewrites its argv into a title padded with NULs.
+    return " ".join(part.decode(errors="replace") for part in raw.split(b"\0") if part) or "?"
+
+
+def is_current(proc: ProcessInfo) -> bool:
+    """Whether ``proc`` still exists, as the same process, and is not a zombie."""
+    now = process_info(proc.pid)
+    return now is not None and now.start == proc.start and now.running
+
+
+def signal_process(proc: ProcessInfo, sig: signal.Signals) -> bool:
+    """Send ``sig`` to ``proc`` if it is still that process; False if it is gone.
+
+    The pidfd pins the process: once its start time is seen to match, the
+    signal cannot reach a newcomer that took over the pid in the meantime.
+    """
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        pidfd = -1  # a kernel before 5.3: kill() below, with its small race
+    try:
+        now = process_info(proc.pid)
+        if now is None or now.start != proc.start:
+            return False
+        if pidfd >= 0:
+            signal.pidfd_send_signal(pidfd, sig)
+        else:
+            os.kill(proc.pid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+    finally:
+        if pidfd >= 0:
+            os.close(pidfd)
+
+
+def freeze_tree(pid: int, timeout: float = STOP_TIMEOUT) -> list[ProcessInfo]:
+    """SIGSTOP ``pid`` and every descendant; return them, parents first.
+
+    Repeats until a pass finds nobody new: a process may fork between the
+    listing of its children and the moment it stops, but a tree whose every
+    member shows as stopped cannot grow any more.
+    """
+    frozen: dict[tuple[int, int], ProcessInfo] = {}
+    deadline = time.monotonic() + timeout
+    while True:
+        new = [p for p in process_tree(pid) if p.running and p.key not in frozen]
+        for proc in new:
+            if signal_process(proc, signal.SIGSTOP):
+                frozen[proc.key] = proc
+        _wait_until_stopped(frozen.values(), deadline)
+        if not new or time.monotonic() >= deadline:
+            return list(frozen.values())
+
+
+def _wait_until_stopped(procs: Iterable[ProcessInfo], deadline: float) -> None:
+    # SIGSTOP takes effect when the target is next scheduled, not at kill().
+    pending = list(procs)
+    while pending and time.monotonic() < deadline:
+        pending = [
+            p
+            for p in pending
+            if (now := process_info(p.pid)) is not None
+            and now.start == p.start
+            and now.state not in _STOPPED_STATES | _DEAD_STATES
+        ]
+        if pending:
+            time.sleep(0.005)
+
+
+def continue_processes(procs: Sequence[ProcessInfo]) -> None:
+    """SIGCONT ``procs``, children before their parents."""
+    for proc in reversed(procs):
+        signal_process(proc, signal.SIGCONT)
+
+
+def kill_processes(
+    procs: Iterable[ProcessInfo], timeout: float = STOP_TIMEOUT
+) -> list[ProcessInfo]:
+    """SIGKILL ``procs`` (stopped ones too) and wait until they are gone.
+
+    Returns those still there after ``timeout``: a process in uninterruptible
+    sleep dies only when its system call returns.
+    """
+    procs = list(procs)
+    for proc in procs:
+        signal_process(proc, signal.SIGKILL)
+    return wait_gone(procs, timeout)
+
+
+def wait_gone(procs: Iterable[ProcessInfo], timeout: float) -> list[ProcessInfo]:
+    """Wait until none of ``procs`` runs; return those still running after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    pending = [p for p in procs if is_current(p)]
+    while pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+        pending = [p for p in pending if is_current(p)]
+    return pending
+
+
+def _merge(*groups: Iterable[ProcessInfo]) -> list[ProcessInfo]:
+    """Union by identity, in first-seen order (parents before children stays true)."""
+    merged: dict[tuple[int, int], ProcessInfo] = {}
+    for group in groups:
+        for proc in group:
+            merged.setdefault(proc.key, proc)
+    return list(merged.values())
 
 
 @functools.lru_cache(maxsize=1)
@@ -332,8 +534,8 @@ def _death_signal_prefix(sig: signal.Signals) -> list[str]:
     return [setpriv, f"--pdeathsig={sig.name}", "--"]
 
 
-# Servers still running, for the atexit handler.  Keyed by id() because the
-# objects are mutable and not hashable by value.
+# Servers still running, for stop_all() and the atexit handler.  Keyed by id()
+# because the objects are mutable and not hashable by value.
 _LIVE: dict[int, ServerProcess] = {}
 _LIVE_LOCK = threading.Lock()
 # Directories created outside the caller's workdir (see PostgresServer),
@@ -341,22 +543,39 @@ _LIVE_LOCK = threading.Lock()
 _EXTERNAL_DIRS: list[tuple[int, Path]] = []
 
 
-def _stop_all_at_exit() -> None:
-    """Stop whatever a crashed or careless test run left behind."""
+def stop_all(timeout: float = 5.0) -> list[ServerProcess]:
+    """Stop every server this process started and has not stopped; for the end of a run.
+
+    Paused servers are continued first, and every process a server forked is
+    waited for or killed (see `ServerProcess.stop`).  Also removes the
+    directories made outside callers' workdirs, so call it only when no
+    server will be restarted.  Returns the servers that were still running,
+    so a test run can name them: a server nobody stopped is a leak.
+    """
     with _LIVE_LOCK:
         servers = [s for s in _LIVE.values() if s._owner_pid == os.getpid()]
-    # A process forked from the test run inherits this handler but not the
-    # children; only the process that started a server may stop it.
+    running = [s for s in servers if s.is_running or s._paused]
+    # A process forked from the test run inherits this module's state but not
+    # the children; only the process that started a server may stop it.
     for server in servers:
         with contextlib.suppress(Exception):
             server._signal_stop()
-    deadline = time.monotonic() + 5.0
+    deadline = time.monotonic() + timeout
     for server in servers:
         with contextlib.suppress(Exception):
             server._finish_stop(deadline)
-    for owner, path in _EXTERNAL_DIRS:
+    for entry in list(_EXTERNAL_DIRS):
+        owner, path = entry
         if owner == os.getpid():
             shutil.rmtree(path, ignore_errors=True)
+            _EXTERNAL_DIRS.remove(entry)
+    return running
+
+
+def _stop_all_at_exit() -> None:
+    """Stop whatever a crashed or careless test run left behind."""
+    with contextlib.suppress(Exception):
+        stop_all()
 
 
 atexit.register(_stop_all_at_exit)
@@ -376,10 +595,14 @@ def _server_dir(workdir: Path, kind: str) -> Path:
 class ServerProcess:
     """One server process we started, identified by PID, never by name.
 
-    The server runs in its own session and process group: a Ctrl-C in the
+    The server runs in its own session and process group, so a Ctrl-C in the
     terminal reaches only the test run (whose atexit hook then stops servers
-    in order), and `pause()`/`kill()` reach the server's helper processes too
-    (PostgreSQL backends, Redis fork children).
+    in order).  `pause()`, `resume()`, `stop()` and `kill()` act on the whole
+    tree of processes the server forked, found through /proc rather than the
+    process group, which PostgreSQL's helpers leave.  Whatever a test did to
+    the server, `stop()` leaves no process behind: it continues every process
+    first (a stopped process cannot act on the stop signal) and kills what is
+    still there after the timeout.
     """
 
     kind: ClassVar[str] = "server"
@@ -398,6 +621,11 @@ class ServerProcess:
         self._prepared = False
         self._log_offset = 0
         self._owner_pid = os.getpid()
+        # Processes pause() stopped: resume() and stop() continue exactly these,
+        # even those whose parent has died in the meantime.
+        self._paused: list[ProcessInfo] = []
+        # Every process of the tree seen since stop() began, waited for until gone.
+        self._stopping: list[ProcessInfo] = []
 
     # -- hooks for subclasses ------------------------------------------------
 
@@ -476,30 +704,39 @@ class ServerProcess:
         self._finish_stop(time.monotonic() + timeout)
 
     def kill(self) -> None:
-        """SIGKILL the server and its helpers, simulating a crash; idempotent."""
+        """SIGKILL the server and every process it forked, simulating a crash; idempotent.
+
+        The whole tree dies at once, as in a machine crash: a PostgreSQL
+        backend left running would keep the shared memory that a restarted
+        server refuses to share.  Returns once all of them are gone.
+        """
         popen = self.popen
-        if popen is None or popen.returncode is not None:
-            return
-        _signal_group(popen.pid, signal.SIGKILL)
+        doomed = list(self._paused)
+        if popen is not None and popen.returncode is None:
+            # Frozen first, so nothing forks between the listing and the kill.
+            doomed = _merge(freeze_tree(popen.pid), doomed)
+            _signal_group(popen.pid, signal.SIGKILL)
+        kill_processes(doomed)
+        self._paused = []
         self._reap()
 
     def pause(self) -> None:
         """Freeze the server (SIGSTOP): connections stay open but nothing answers.
 
         This is how a GC pause or a hung VM looks to a client, as opposed to
-        a dead server, which refuses connections.
+        a dead server, which refuses connections.  Every process of the server
+        stops (a PostgreSQL whose backends still ran would not be frozen), and
+        the server keeps the list so that `resume()` and `stop()` continue them.
         """
         self._require_running()
+        # The group first: all there is to stop where there is no /proc.
         _signal_group(self.pid, signal.SIGSTOP)
-        for child in _children(self.pid):
-            _signal_pid(child, signal.SIGSTOP)
+        self._paused = _merge(self._paused, freeze_tree(self.pid))
 
     def resume(self) -> None:
-        """Undo `pause()`."""
+        """Undo `pause()`: continue every process it stopped."""
         self._require_running()
-        for child in _children(self.pid):
-            _signal_pid(child, signal.SIGCONT)
-        _signal_group(self.pid, signal.SIGCONT)
+        self._continue_all()
 
     def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
         """Last lines of the server's log, for assertion messages."""
@@ -532,7 +769,9 @@ class ServerProcess:
         if not self._prepared:
             self._prepare()
             self._prepared = True
-        self._reap()  # a previous incarnation that died on its own
+        # A previous incarnation that died on its own: reap it, and finish off
+        # helpers it left (paused ones would otherwise stay stopped for ever).
+        self.stop()
         command = _death_signal_prefix(self.stop_signal) + self._command()
         user = self._run_as()
         group: int | None = None
@@ -581,23 +820,55 @@ class ServerProcess:
         _wait_all_ready([self], deadline)
         self._on_ready(deadline)
 
+    def _leader_running(self) -> bool:
+        popen = self.popen
+        return popen is not None and popen.returncode is None and _exit_status(popen.pid) is None
+
+    def _continue_all(self) -> None:
+        """SIGCONT every process of the server, paused or not, and forget the pause."""
+        running = self._leader_running()
+        tree = process_tree(self.pid) if running else []
+        continue_processes(_merge(self._paused, tree))
+        if running:
+            _signal_group(self.pid, signal.SIGCONT)  # where there is no /proc
+        self._paused = []
+
     def _signal_stop(self) -> None:
-        if not self.is_running:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, self.stop_signal)
-        # A paused server cannot act on the signal until it runs again.
-        _signal_group(self.pid, signal.SIGCONT)
+        # Remember the whole tree now: once the leader exits, its children are
+        # adopted by another process and /proc no longer ties them to us.
+        tree = process_tree(self.pid) if self._leader_running() else []
+        self._stopping = _merge(self._stopping, tree, self._paused)
+        if tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, self.stop_signal)
+        # A stopped process cannot act on any signal but SIGKILL until it is
+        # continued: a PostgreSQL whose backends stay stopped never finishes
+        # its shutdown, and backends orphaned while stopped stay so for ever.
+        continue_processes(self._stopping)
+        if tree:
+            _signal_group(self.pid, signal.SIGCONT)  # where there is no /proc
+        self._paused = []
 
     def _finish_stop(self, deadline: float) -> None:
         popen = self.popen
-        if popen is None or popen.returncode is not None:
+        if popen is None:
             self._forget()
             return
-        while _exit_status(popen.pid) is None and time.monotonic() < deadline:
+        while True:
+            if self._leader_running():
+                # Shutdown may fork (a last checkpoint); track newcomers too.
+                self._stopping = _merge(self._stopping, process_tree(popen.pid))
+            elif not any(is_current(p) for p in self._stopping):
+                break
+            if time.monotonic() >= deadline:
+                doomed = self._stopping
+                if self._leader_running():
+                    doomed = _merge(freeze_tree(popen.pid), doomed)
+                    _signal_group(popen.pid, signal.SIGKILL)
+                kill_processes(doomed)
+                break
             time.sleep(0.02)
-        if _exit_status(popen.pid) is None:
-            _signal_group(popen.pid, signal.SIGKILL)
+        self._stopping = []
         self._reap()
 
     def _reap(self) -> None:
