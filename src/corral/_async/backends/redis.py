@@ -45,6 +45,7 @@ from corral._async._compat import Event, Lock, Worker, spawn
 from corral._async.backends.base import AsyncBackend, AsyncSubscribingWaiter, Feed
 from corral.backends import redis_scripts as scripts
 from corral.backends.registry import redact
+from corral.core import forks
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock
 from corral.core.forks import ProcessLock
@@ -72,6 +73,20 @@ _OUTCOMES = {1: Outcome.OK, 0: Outcome.EXPIRED, -1: Outcome.LOST}
 def _ms(seconds: float) -> int:
     """Seconds to whole milliseconds, rounded up: Redis takes integers and 0 means "none"."""
     return max(1, math.ceil(round(seconds * 1000, 6)))
+
+
+# Connections the hot path keeps out of the pool between calls (see `_borrow`).
+MAX_SPARES = 8
+# A pool "without a limit" (redis-py wants a number).
+UNBOUNDED = 2**31
+
+
+async def _has_data(connection: Any) -> bool:
+    """Whether an idle connection has something to read: the server closed it, or worse."""
+    try:
+        return bool(await connection.can_read())
+    except (RedisError, OSError):
+        return True
 
 
 def _check_max_connections(value: object) -> int | None:
@@ -369,6 +384,10 @@ class AsyncRedisBackend(AsyncBackend):
         self._leave_queue = self._client.register_script(scripts.LEAVE_QUEUE)
         self._feed_mutex = ProcessLock()
         self._feed: AsyncReleaseFeed | None = None
+        self._spares: list[Any] | None = (
+            [] if getattr(pool, "max_connections", None) == UNBOUNDED else None
+        )
+        self._spares_pid = forks.pid()
 
     url_options = (
         Option(
@@ -431,8 +450,11 @@ class AsyncRedisBackend(AsyncBackend):
         try:
             if max_connections is None:
                 # No retries: a call fails within `timeout` instead of several times it,
-                # and the lock logic decides what a failure means.
-                pool = ConnectionPool.from_url(url, retry=Retry(NoBackoff(), 0), **common)
+                # and the lock logic decides what a failure means. Unbounded, as documented
+                # (redis-py's own default would refuse the 101st concurrent call).
+                pool = ConnectionPool.from_url(
+                    url, retry=Retry(NoBackoff(), 0), max_connections=UNBOUNDED, **common
+                )
             else:
                 # Callers beyond the limit wait for a connection, up to the timeout.
                 pool = BlockingConnectionPool.from_url(
@@ -445,7 +467,10 @@ class AsyncRedisBackend(AsyncBackend):
             # The feed must notice every failure itself (a silent reconnect would
             # hide missed messages), so redis-py may not retry or reconnect it.
             pubsub_pool = ConnectionPool.from_url(
-                url, retry=Retry(NoBackoff(), 0, supported_errors=()), **common
+                url,
+                retry=Retry(NoBackoff(), 0, supported_errors=()),
+                max_connections=UNBOUNDED,
+                **common,
             )
         except (ValueError, TypeError) as exc:
             # redis-py's message may quote the URL: show neither it nor its chain.
@@ -509,17 +534,21 @@ class AsyncRedisBackend(AsyncBackend):
         # redis-py types these connection-level calls unevenly across its two flavours.
         pool: Any = self._pool
         try:
-            connection: Any = await pool.get_connection()
+            connection: Any = await self._borrow()
         except (RedisError, OSError) as exc:
             raise self._error(exc, name, action) from exc
+        sound = False
         try:
             try:
                 await connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
-                return await connection.read_response()
+                result = await connection.read_response()
             except NoScriptError:
                 await connection.send_command("EVAL", script.script, len(keys), *keys, *args)
-                return await connection.read_response()
+                result = await connection.read_response()
+            sound = True
+            return result
         except ResponseError as exc:  # the server's error reply: the connection is fine
+            sound = True
             raise self._error(exc, name, action) from exc
         except (RedisError, OSError) as exc:
             await connection.disconnect()
@@ -530,7 +559,38 @@ class AsyncRedisBackend(AsyncBackend):
             await connection.disconnect()
             raise
         finally:
-            await pool.release(connection)
+            if sound and self._spares is not None and len(self._spares) < MAX_SPARES:
+                self._spares.append(connection)
+            else:
+                await pool.release(connection)
+
+    async def _borrow(self) -> Any:
+        """A connection for one command: a kept one when it is still sound, else the pool's.
+
+        Taking a connection from redis-py's pool and giving it back costs about as
+        much as the lock's own work on the server (its events and metrics), so the
+        hot path keeps a few connections out of the pool between calls, in a list
+        whose `pop` and `append` are atomic. A kept connection with anything to
+        read (the server closed it, say after a restart) is handed back to the pool,
+        which reconnects it. Only an unbounded pool keeps spares: a bounded one must
+        see every connection come back.
+        """
+        spares = self._spares
+        if spares is not None:
+            if self._spares_pid != forks.pid():  # a forked child: the parent's sockets
+                spares.clear()
+                self._spares_pid = forks.pid()
+            try:
+                connection = spares.pop()
+            except IndexError:
+                pass
+            else:
+                if not await _has_data(connection):
+                    return connection
+                await connection.disconnect()
+                await self._pool.release(connection)
+        pool: Any = self._pool
+        return await pool.get_connection()
 
     async def try_acquire(
         self,

@@ -47,6 +47,7 @@ from corral._sync._compat import Event, Lock, Worker, spawn
 from corral._sync.backends.base import Backend, Feed, SubscribingWaiter
 from corral.backends import redis_scripts as scripts
 from corral.backends.registry import redact
+from corral.core import forks
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock
 from corral.core.forks import ProcessLock
@@ -74,6 +75,20 @@ _OUTCOMES = {1: Outcome.OK, 0: Outcome.EXPIRED, -1: Outcome.LOST}
 def _ms(seconds: float) -> int:
     """Seconds to whole milliseconds, rounded up: Redis takes integers and 0 means "none"."""
     return max(1, math.ceil(round(seconds * 1000, 6)))
+
+
+# Connections the hot path keeps out of the pool between calls (see `_borrow`).
+MAX_SPARES = 8
+# A pool "without a limit" (redis-py wants a number).
+UNBOUNDED = 2**31
+
+
+def _has_data(connection: Any) -> bool:
+    """Whether an idle connection has something to read: the server closed it, or worse."""
+    try:
+        return bool(connection.can_read())
+    except (RedisError, OSError):
+        return True
 
 
 def _check_max_connections(value: object) -> int | None:
@@ -371,6 +386,10 @@ class RedisBackend(Backend):
         self._leave_queue = self._client.register_script(scripts.LEAVE_QUEUE)
         self._feed_mutex = ProcessLock()
         self._feed: ReleaseFeed | None = None
+        self._spares: list[Any] | None = (
+            [] if getattr(pool, "max_connections", None) == UNBOUNDED else None
+        )
+        self._spares_pid = forks.pid()
 
     url_options = (
         Option(
@@ -433,8 +452,11 @@ class RedisBackend(Backend):
         try:
             if max_connections is None:
                 # No retries: a call fails within `timeout` instead of several times it,
-                # and the lock logic decides what a failure means.
-                pool = ConnectionPool.from_url(url, retry=Retry(NoBackoff(), 0), **common)
+                # and the lock logic decides what a failure means. Unbounded, as documented
+                # (redis-py's own default would refuse the 101st concurrent call).
+                pool = ConnectionPool.from_url(
+                    url, retry=Retry(NoBackoff(), 0), max_connections=UNBOUNDED, **common
+                )
             else:
                 # Callers beyond the limit wait for a connection, up to the timeout.
                 pool = BlockingConnectionPool.from_url(
@@ -447,7 +469,10 @@ class RedisBackend(Backend):
             # The feed must notice every failure itself (a silent reconnect would
             # hide missed messages), so redis-py may not retry or reconnect it.
             pubsub_pool = ConnectionPool.from_url(
-                url, retry=Retry(NoBackoff(), 0, supported_errors=()), **common
+                url,
+                retry=Retry(NoBackoff(), 0, supported_errors=()),
+                max_connections=UNBOUNDED,
+                **common,
             )
         except (ValueError, TypeError) as exc:
             # redis-py's message may quote the URL: show neither it nor its chain.
@@ -509,17 +534,21 @@ class RedisBackend(Backend):
         # redis-py types these connection-level calls unevenly across its two flavours.
         pool: Any = self._pool
         try:
-            connection: Any = pool.get_connection()
+            connection: Any = self._borrow()
         except (RedisError, OSError) as exc:
             raise self._error(exc, name, action) from exc
+        sound = False
         try:
             try:
                 connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
-                return connection.read_response()
+                result = connection.read_response()
             except NoScriptError:
                 connection.send_command("EVAL", script.script, len(keys), *keys, *args)
-                return connection.read_response()
+                result = connection.read_response()
+            sound = True
+            return result
         except ResponseError as exc:  # the server's error reply: the connection is fine
+            sound = True
             raise self._error(exc, name, action) from exc
         except (RedisError, OSError) as exc:
             connection.disconnect()
@@ -530,7 +559,38 @@ class RedisBackend(Backend):
             connection.disconnect()
             raise
         finally:
-            pool.release(connection)
+            if sound and self._spares is not None and len(self._spares) < MAX_SPARES:
+                self._spares.append(connection)
+            else:
+                pool.release(connection)
+
+    def _borrow(self) -> Any:
+        """A connection for one command: a kept one when it is still sound, else the pool's.
+
+        Taking a connection from redis-py's pool and giving it back costs about as
+        much as the lock's own work on the server (its events and metrics), so the
+        hot path keeps a few connections out of the pool between calls, in a list
+        whose `pop` and `append` are atomic. A kept connection with anything to
+        read (the server closed it, say after a restart) is handed back to the pool,
+        which reconnects it. Only an unbounded pool keeps spares: a bounded one must
+        see every connection come back.
+        """
+        spares = self._spares
+        if spares is not None:
+            if self._spares_pid != forks.pid():  # a forked child: the parent's sockets
+                spares.clear()
+                self._spares_pid = forks.pid()
+            try:
+                connection = spares.pop()
+            except IndexError:
+                pass
+            else:
+                if not _has_data(connection):
+                    return connection
+                connection.disconnect()
+                self._pool.release(connection)
+        pool: Any = self._pool
+        return pool.get_connection()
 
     def try_acquire(
         self,
