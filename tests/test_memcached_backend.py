@@ -17,6 +17,7 @@ import socket
 import ssl
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from corral.backends.memcached_proto import (
     parse_url,
     request,
     server_ttl,
+    shown_url,
 )
 from corral.core.primitives import Outcome
 from corral.errors import BackendError, BackendUnavailable, ConfigError, LockExpired, LockLost
@@ -254,6 +256,37 @@ def test_credentials_never_show() -> None:
 def test_bad_urls(url: str, options: dict[str, object], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         parse_url(url, options)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "memcached://app:qX7/kV9@127.0.0.1:1",
+        "memcached://app:qX7?kV9@127.0.0.1:1",
+        "memcached://app:qX7?x=1@127.0.0.1:1",
+        "memcached://app:qX7#kV9@127.0.0.1:1",
+        "memcached://app:qX7@kV9@127.0.0.1:notaport",
+    ],
+)
+def test_a_password_with_unencoded_reserved_characters_never_shows(url: str) -> None:
+    """'/', '?' or '#' end the host part early: the password's tail must not show anywhere."""
+    assert "qX7" not in shown_url(url) and "kV9" not in shown_url(url)
+    with pytest.raises(ConfigError) as caught:
+        corral.connect(url)
+    shown = "".join(traceback.format_exception(caught.value)) + repr(caught.value)
+    assert "qX7" not in shown and "kV9" not in shown, shown
+
+
+def test_the_options_table_matches_what_connect_takes() -> None:
+    declared = {option.name: option for option in proto.OPTIONS}
+    assert set(declared) == {
+        "prefix", "timeout", "max_connections", "tls", "tls_ca_file", "tls_certfile",
+        "tls_keyfile", "tls_context",
+    }  # fmt: skip
+    assert not declared["tls_context"].query
+    for option in declared.values():
+        if option.example is not None:
+            parse_url(f"memcached://h?{option.name}={option.example}", {})
 
 
 def test_tls_options_make_a_context() -> None:

@@ -131,6 +131,7 @@ from typing import NamedTuple
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from corral.backends.registry import redact
+from corral.core.options import Option, merge_options
 from corral.core.primitives import Attempt, LockInfo, Outcome
 from corral.core.validate import check_timeout
 from corral.errors import BackendError, BackendUnavailable, ConfigError
@@ -141,6 +142,7 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "MAX_KEY_BYTES",
     "MIN_VERSION",
+    "OPTIONS",
     "TTL_MARGIN",
     "AttemptTicket",
     "LockKeys",
@@ -157,6 +159,7 @@ __all__ = [
     "parse_url",
     "request",
     "server_ttl",
+    "shown_url",
 ]
 
 DEFAULT_PORT = 11211
@@ -374,6 +377,47 @@ class ReplyParser:
 # -- options and the URL ----------------------------------------------------------
 
 
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "prefix",
+        "`corral`",
+        "starts every key corral writes, so applications can share "
+        "one memcached without seeing each other's locks",
+        "app",
+    ),
+    Option(
+        "timeout",
+        "5",
+        "seconds one operation may take in all (waiting for a connection, "
+        "connecting, TLS, every round trip) before BackendUnavailable",
+        "2",
+    ),
+    Option(
+        "max_connections",
+        "no limit",
+        "connections per store and process; when all are "
+        "busy a caller waits for one, within `timeout`",
+        "4",
+    ),
+    Option(
+        "tls", "false", "TLS (memcached -Z), verifying the server against the system's CAs", "false"
+    ),
+    Option(
+        "tls_ca_file", "none", "the CA bundle that signed the server's certificate (implies TLS)"
+    ),
+    Option(
+        "tls_certfile",
+        "none",
+        "a client certificate, for a server that asks for one (ssl_verify_mode); implies TLS",
+    ),
+    Option("tls_keyfile", "none", "the client certificate's private key, if not in `tls_certfile`"),
+    Option(
+        "tls_context", "none", "a ready `ssl.SSLContext`, instead of the tls options", query=False
+    ),
+)
+"""The options `connect()` takes for memcached, in the URL's query or as keywords."""
+
+
 @dataclass(frozen=True, slots=True)
 class MemcachedOptions:
     host: str
@@ -393,9 +437,17 @@ class MemcachedOptions:
         return f"memcached://{user}{host}:{self.port}"
 
 
-_KEYWORD_ONLY = frozenset({"tls_context"})
-_TLS_FILES = ("tls_ca_file", "tls_certfile", "tls_keyfile")
-_OPTIONS = frozenset({"prefix", "timeout", "max_connections", "tls", *_TLS_FILES}) | _KEYWORD_ONLY
+def shown_url(url: str) -> str:
+    """`url` fit for messages: everything between `user:` and the last `@` becomes `***`.
+
+    Stricter than the shared `redact`, which cuts the host part at the first
+    `/`: a password with an unencoded `/`, `?` or `#` must not show either.
+    """
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, after = rest.rpartition("@")
+    if sep and at and ":" in userinfo:
+        return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{after}"
+    return redact(url)
 
 
 def parse_url(url: str, options: Mapping[str, object]) -> MemcachedOptions:
@@ -403,13 +455,20 @@ def parse_url(url: str, options: Mapping[str, object]) -> MemcachedOptions:
 
     Query options (`?timeout=2&tls=true`) exist so `CORRAL_URL` and `--url` can carry them.
     """
-    shown = redact(url)
+    shown = shown_url(url)
     try:
         parts = urlsplit(url)
-    except ValueError as exc:
-        raise ConfigError(f"{shown}: not a URL ({exc})") from None
+    except ValueError:
+        raise ConfigError(f"{shown}: not a URL (a bracket or bad character in the host?)") from None
     if parts.scheme.lower() != "memcached":
         raise ConfigError(f"{shown}: not a memcached:// URL")
+    if "@" in url.partition("://")[2] and "@" not in parts.netloc:
+        # A password with an unencoded '/', '?' or '#' ends the host part early, and its
+        # tail would be read as a path, an option or a port, and shown in messages.
+        raise ConfigError(
+            f"{shown}: '@' after the host: percent-encode '/', '?', '#' and '@' in the user "
+            "name, the password or option values (%2F, %3F, %23, %40)"
+        )
     if "," in parts.netloc:
         raise ConfigError(
             f"{shown}: several servers in one URL need client-side sharding, which this version "
@@ -421,8 +480,8 @@ def parse_url(url: str, options: Mapping[str, object]) -> MemcachedOptions:
         )
     try:
         host, port = parts.hostname, parts.port
-    except ValueError as exc:
-        raise ConfigError(f"{shown}: bad port ({exc})") from None
+    except ValueError:
+        raise ConfigError(f"{shown}: the port must be a number from 0 to 65535") from None
     if not host:
         raise ConfigError(f"{shown}: no host; write memcached://host:port")
     username = unquote(parts.username) if parts.username is not None else None
@@ -436,25 +495,11 @@ def parse_url(url: str, options: Mapping[str, object]) -> MemcachedOptions:
         raise ConfigError(f"{shown}: the user name must not contain spaces or line breaks")
     if password is not None and ("\n" in password or "\r" in password):
         raise ConfigError(f"{shown}: the password must not contain line breaks")
-
-    given: dict[str, object] = dict(options)
-    if parts.query:
-        try:
-            pairs = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=True)
-        except ValueError as exc:
-            raise ConfigError(f"{shown}: cannot parse the options after '?' ({exc})") from None
-        for key, value in pairs:
-            if key in _KEYWORD_ONLY:
-                raise ConfigError(f"{shown}: {key} can only be passed as a keyword argument")
-            if key in given:
-                raise ConfigError(f"{shown}: option {key!r} is given twice")
-            given[key] = value
-    unknown = sorted(set(given) - _OPTIONS)
-    if unknown:
-        raise ConfigError(
-            f"{shown}: unknown option(s) {', '.join(unknown)}; the memcached backend takes "
-            f"{', '.join(sorted(_OPTIONS))}"
-        )
+    in_query = {key for key, _ in parse_qsl(parts.query, keep_blank_values=True)}
+    for option in OPTIONS:
+        if not option.query and option.name in in_query:
+            raise ConfigError(f"{shown}: {option.name} can only be passed as a keyword argument")
+    given, _ = merge_options(shown, parts.query, options, OPTIONS, backend="memcached")
     try:
         return MemcachedOptions(
             host=host,

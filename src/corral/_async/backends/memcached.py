@@ -34,9 +34,10 @@ from typing import Any, ClassVar
 
 from corral._async._compat import run_sync
 from corral._async.backends.base import AsyncBackend
-from corral.backends.memcached_proto import MemcachedLocks, MemcachedOptions, parse_url
+from corral.backends.memcached_proto import OPTIONS, MemcachedLocks, MemcachedOptions, parse_url
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock
+from corral.core.options import Option
 from corral.core.primitives import Attempt, LockInfo, Outcome
 from corral.errors import ConfigError
 
@@ -82,6 +83,8 @@ class AsyncMemcachedBackend(AsyncBackend):
             "their own, or start it with -M, where a full server refuses new locks instead"
         ),
     )
+
+    url_options: ClassVar[tuple[Option, ...]] = OPTIONS
 
     def __init__(self, options: MemcachedOptions) -> None:
         super().__init__()
