@@ -1,8 +1,9 @@
 """`memcached://host:port`: locks on one memcached server (>= 1.6.10, for the meta protocol).
 
-The keys, values, the meta protocol, the connections and the atomic steps live
-in `corral.backends.memcached_proto` (blocking, shared by both flavours; its
-docstring says why each is as it is, and why corral speaks the meta protocol
+The keys, values, the meta protocol and the connections live in
+`corral.backends.memcached_proto`, the atomic steps of each primitive in
+`corral.backends.memcached_locks` (blocking, shared by both flavours; their
+docstrings say why each is as it is, and why corral speaks the meta protocol
 itself instead of going through pymemcache). This class runs them off the
 event loop and wakes this process's waiters.
 
@@ -16,7 +17,7 @@ default executor's threads. Every call is bounded by `timeout` inside the
 blocking code, so a worker thread never hangs on a dead server. The price:
 a cancelled call still finishes in its thread. For an acquisition attempt
 that matters (the lock logic then releases the attempt's owner, and that
-release must not overtake the `add`), so each attempt takes an
+release must not overtake the acquisition), so each attempt takes an
 `AttemptTicket` first; see there.
 
 memcached cannot push a release to other processes, so their waiters poll
@@ -34,7 +35,8 @@ from typing import Any, ClassVar
 
 from corral._async._compat import run_sync
 from corral._async.backends.base import AsyncBackend
-from corral.backends.memcached_proto import OPTIONS, MemcachedLocks, MemcachedOptions, parse_url
+from corral.backends.memcached_locks import MemcachedLocks
+from corral.backends.memcached_proto import OPTIONS, MemcachedOptions, parse_url
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock
 from corral.core.options import Option
@@ -67,9 +69,7 @@ class AsyncMemcachedBackend(AsyncBackend):
         on_server_restart=(
             "a restart (unless graceful, in memcached's restartable mode -e) or flush_all "
             "forgets every lock, so a holder can overlap with a new one; fencing tokens still "
-            "increase, as a lost "
-            "counter restarts at the current time in microseconds (a client's clock: keep "
-            "clocks in sync)"
+            "increase (see fencing tokens)"
         ),
         on_partition=(
             "one server, no replication: a client cut off from it cannot acquire, extend or "
@@ -81,6 +81,19 @@ class AsyncMemcachedBackend(AsyncBackend):
             "silently frees and another process can acquire it while the first still works, "
             "so only the fencing token protects downstream storage; give locks a memcached of "
             "their own, or start it with -M, where a full server refuses new locks instead"
+        ),
+        fencing_tokens=(
+            "one counter per server and key prefix (`<prefix>:fence`), incremented (`ma`) in the "
+            "round trip that finds the lock free; the lock is then taken by compare-and-swap on "
+            "that free state, so no acquisition can come between the token and the lock. A "
+            "lost counter (restart, flush_all, eviction) restarts at the current time in "
+            "microseconds on the client that finds it missing: order across that loss needs "
+            "clocks in sync (NTP) and fewer than a million attempts a second on average"
+        ),
+        state_per_name=(
+            "nothing: a released lock is deleted, an expired one or one closed by hold_for "
+            "vanishes by ceil(ttl) + 2 s, the placeholder a free lock's probe leaves within "
+            "3 s; one counter per server and prefix stays"
         ),
     )
 
