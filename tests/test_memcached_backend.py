@@ -15,6 +15,8 @@ import os
 import re
 import socket
 import ssl
+import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -27,7 +29,7 @@ import pytest
 import corral
 import corral.aio
 from corral.backends import memcached_proto as proto
-from corral.backends.memcached_locks import PLACEHOLDER_TTL, MemcachedLocks
+from corral.backends.memcached_locks import PLACEHOLDER_TTL, MemcachedLocks, QueueState
 from corral.backends.memcached_proto import (
     MAX_KEY_BYTES,
     TTL_MARGIN,
@@ -40,6 +42,8 @@ from corral.backends.memcached_proto import (
     lease_left,
     lock_keys,
     parse_url,
+    place_id,
+    place_key,
     request,
     server_ttl,
     shown_url,
@@ -105,6 +109,7 @@ def stat(url: str, name: str) -> int:
 def test_plain_names_keep_readable_keys() -> None:
     keys = lock_keys("corral", "nightly-report:eu")
     assert keys.lock == "corral:lock:nightly-report:eu"
+    assert keys.queue == "corral:queue:nightly-report:eu"
     assert keys.route == keys.lock  # a router places every key of a lock by the lock key
     assert fence_key("corral") == "corral:fence"
 
@@ -113,7 +118,7 @@ def test_plain_names_keep_readable_keys() -> None:
 def test_awkward_names_are_hashed_into_valid_keys(name: str) -> None:
     keys = lock_keys("corral", name)
     digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-    for key, kind in ((keys.lock, "lock"),):
+    for key, kind in ((keys.lock, "lock"), (keys.queue, "queue")):
         assert re.fullmatch(r"[\x21-\x7e]+", key), key
         assert len(key.encode()) <= MAX_KEY_BYTES
         assert key.startswith(f"corral:{kind}#") and key.endswith(f"#{digest}")
@@ -127,13 +132,44 @@ def test_hashed_and_plain_keys_never_collide() -> None:
     names.append(lock_keys("corral", "has space").lock.removeprefix("corral:"))
     keys = [lock_keys("corral", name) for name in names]
     assert len({k.lock for k in keys}) == len(names)
-    assert len({k.lock for k in keys}) == len(names)
+    assert len({k.queue for k in keys} | {k.lock for k in keys}) == 2 * len(names)
 
 
 def test_the_longest_plain_key_is_kept_and_one_more_byte_is_hashed() -> None:
-    room = MAX_KEY_BYTES - len("corral:lock:")
-    assert lock_keys("corral", "a" * room).lock == "corral:lock:" + "a" * room
-    assert "#" in lock_keys("corral", "a" * (room + 1)).lock
+    room = MAX_KEY_BYTES - len("corral:queue:")
+    assert lock_keys("corral", "a" * room).queue == "corral:queue:" + "a" * room
+    assert "#" in lock_keys("corral", "a" * (room + 1)).queue
+
+
+def test_waiter_places_have_valid_keys_for_any_name_and_owner() -> None:
+    owners = ["host:1:MainThread:abc", "with space", "名前\udcff", "nul\x00"]
+    ids = set()
+    for name in AWKWARD_NAMES:
+        lock = lock_keys("corral", name).lock
+        for owner in owners:
+            found = place_id(lock, owner)
+            key = place_key("corral", found)
+            assert re.fullmatch(r"[0-9a-f]{32}", found)
+            assert re.fullmatch(r"[\x21-\x7e]+", key) and len(key) <= MAX_KEY_BYTES
+            ids.add(found)
+    assert len(ids) == len(AWKWARD_NAMES) * len(owners)
+    # Length-prefixed parts: moving a NUL between lock key and owner is another place.
+    assert place_id("a\x00b", "c") != place_id("a", "b\x00c")
+
+
+def test_queue_values() -> None:
+    a, b, c = "a" * 32, "b" * 32, "c" * 32
+    assert QueueState.encode([a, b]) == f"{a} {b} ".encode()
+    assert QueueState.parse(QueueState.encode([a, b])) == (a, b)
+    assert QueueState.parse(b"") == ()
+    for foreign in (b"x", f"{a}".encode(), f"{a}  ".encode(), b"\xff ", b"A" * 32 + b" "):
+        assert QueueState.parse(foreign) is None
+    queue = QueueState((a, b, c, b), cas=7, ttl=4)
+    assert queue.ahead_of(b) == (a,) and queue.ahead_of(None) == (a, b, c, b)
+    assert queue.ahead_of("d" * 32) == (a, b, c, b) and queue.ahead_of(a) == ()
+    assert queue.rewrite("q", [], 5) == b"md q C7\r\n"
+    assert queue.rewrite("q", [c], 2) == request("ms", "q", "C7", "T5", data=f"{c} ".encode())
+    assert queue.rewrite("q", [c], 9) == request("ms", "q", "C7", "T9", data=f"{c} ".encode())
 
 
 @pytest.mark.parametrize("prefix", ["", "has space", "tab\t", "é", "p" * 101, 7, None])
@@ -308,12 +344,12 @@ def test_tls_options_make_a_context() -> None:
 
 def test_capabilities_and_unsupported_options() -> None:
     caps = corral.connect("memcached://127.0.0.1:1").capabilities
-    assert not caps.notifies and not caps.fair and not caps.replicas and caps.cross_host
+    assert not caps.notifies and caps.fair and not caps.replicas and caps.cross_host
     assert "evict" in caps.on_memory_pressure and "fencing token" in caps.on_memory_pressure
-    assert "microseconds" in caps.fencing_tokens and caps.state_per_name.startswith("nothing")
+    assert "order" in caps.on_memory_pressure and "microseconds" in caps.fencing_tokens
+    assert caps.state_per_name.startswith("nothing")
     with corral.connect("memcached://127.0.0.1:1") as store:
-        with pytest.raises(ConfigError, match="fair"):
-            store.lock("x", fair=True)
+        store.lock("x", fair=True)  # a handle: nothing is sent until it is acquired
         with pytest.raises(ConfigError, match="replicas"):
             store.lock("x", replicas=1)
 
@@ -685,6 +721,13 @@ def test_foreign_data_under_our_prefix(backend_url: str, name: str) -> None:
         with pytest.raises(BackendError, match="did not write"):
             locks_of(store).release(name, "someone")
         raw(backend_url, request("md", keys.lock))
+        held = store.lock(name, ttl=30)
+        assert held.acquire()
+        raw(backend_url, request("ms", keys.queue, "T60", data=b"not a queue"))
+        held.release()  # a foreign queue never stops a release
+        with pytest.raises(BackendError, match="prefix"):
+            store.lock(name).acquire()
+        raw(backend_url, request("md", keys.queue))
         raw(backend_url, request("ms", fence_key(prefix), "T60", data=b"abc"))
         with pytest.raises(BackendError, match="prefix"):
             store.lock(name).acquire()
@@ -724,12 +767,155 @@ def test_one_counter_serves_every_name(backend_url: str, name: str) -> None:
         assert int(counter.value) >= tokens[-1]
 
 
-# Round trips per primitive: what an attempt and a release cost on the wire.
+# The waiting queue: places, entries, and what each primitive leaves behind.
 
 
-def attempt(store: corral.Store, name: str, owner: str) -> Any:
+def queue_of(url: str, name: str) -> tuple[str, ...] | None:
+    (found,) = raw(url, request("mg", lock_keys("corral", name).queue, "v"))
+    if found.code == b"EN":
+        return None
+    assert found.value is not None
+    return QueueState.parse(found.value)
+
+
+def place_alive(url: str, name: str, owner: str) -> bool:
+    key = place_key("corral", place_id(lock_keys("corral", name).lock, owner))
+    return raw(url, request("mg", key))[0].code == b"HD"
+
+
+def attempt(store: corral.Store, name: str, owner: str, queue_ttl: float | None = None) -> Any:
     locks = locks_of(store)
-    return locks.try_acquire(locks.begin_attempt(name, owner), 30)
+    return locks.try_acquire(locks.begin_attempt(name, owner), 30, queue_ttl)
+
+
+def entry(name: str, owner: str) -> str:
+    return place_id(lock_keys("corral", name).lock, owner)
+
+
+def test_a_waiter_joins_once_and_its_place_lives_while_it_refreshes(
+    backend_url: str, store: corral.Store, name: str
+) -> None:
+    assert attempt(store, name, "holder").acquired
+    for _ in range(3):
+        assert not attempt(store, name, "waiter", queue_ttl=1).acquired
+    assert queue_of(backend_url, name) == (entry(name, "waiter"),)
+    assert place_alive(backend_url, name, "waiter")
+    (place,) = raw(backend_url, request("mg", place_key("corral", entry(name, "waiter")), "t"))
+    assert 0 < place.number("t") <= server_ttl(1)
+    # Not refreshed any more (the waiter died): the place goes, the entry stays until pruned.
+    began = time.monotonic()
+    while place_alive(backend_url, name, "waiter"):
+        assert time.monotonic() - began < server_ttl(1) + 1
+        time.sleep(0.1)
+    assert locks_of(store).release(name, "holder") is Outcome.OK
+    assert attempt(store, name, "newcomer").acquired  # the dead head no longer counts
+    assert queue_of(backend_url, name) is None  # and was dropped from the queue
+    locks_of(store).release(name, "newcomer")
+
+
+def test_release_and_leave_queue_remove_places_and_entries(
+    backend_url: str, store: corral.Store, other_store: corral.Store, name: str
+) -> None:
+    assert attempt(store, name, "holder").acquired
+    for owner in ("first", "second", "third"):
+        assert not attempt(other_store, name, owner, queue_ttl=10).acquired
+    order = tuple(entry(name, owner) for owner in ("first", "second", "third"))
+    assert queue_of(backend_url, name) == order
+    locks_of(other_store).leave_queue(name, "second")
+    assert not place_alive(backend_url, name, "second")
+    assert queue_of(backend_url, name) == (order[0], order[2])
+    assert locks_of(store).release(name, "holder") is Outcome.OK
+    assert not attempt(other_store, name, "third", queue_ttl=10).acquired  # "first" is ahead
+    assert attempt(other_store, name, "first", queue_ttl=10).acquired
+    assert locks_of(other_store).release(name, "first") is Outcome.OK
+    assert not place_alive(backend_url, name, "first")
+    assert queue_of(backend_url, name) == (order[2],)
+    assert attempt(other_store, name, "third", queue_ttl=10).acquired
+    assert locks_of(other_store).release(name, "third", hold_for=1) is Outcome.OK
+    assert queue_of(backend_url, name) is None and not place_alive(backend_url, name, "third")
+    assert store.force_release(name)
+
+
+def test_dead_places_beyond_one_round_trip_of_checks(
+    backend_url: str, store: corral.Store, name: str
+) -> None:
+    """Twenty dead places before a live one: the checks go on past the first sixteen."""
+    assert attempt(store, name, "holder").acquired
+    dead = [f"dead-{index}" for index in range(20)]
+    for owner in [*dead, "live"]:
+        assert not attempt(store, name, owner, queue_ttl=30).acquired
+    for owner in dead:
+        locks_of(store).leave_queue(name, owner)  # then put the entries back, places gone
+    raw(
+        backend_url,
+        request(
+            "ms",
+            lock_keys("corral", name).queue,
+            "T30",
+            data=QueueState.encode([entry(name, owner) for owner in [*dead, "live"]]),
+        ),
+    )
+    locks_of(store).release(name, "holder")
+    assert not attempt(store, name, "newcomer").acquired  # "live" is 21st, and alive
+    locks_of(store).leave_queue(name, "live")
+    assert attempt(store, name, "newcomer").acquired  # all dead: free for anyone
+    assert queue_of(backend_url, name) is None
+    locks_of(store).release(name, "newcomer")
+
+
+def test_a_lost_queue_loses_order_not_exclusion(
+    backend_url: str, store: corral.Store, other_store: corral.Store, name: str
+) -> None:
+    """Evicted (or lost with a restart): waiters rejoin with their next attempt."""
+    assert attempt(store, name, "holder").acquired
+    assert not attempt(other_store, name, "first", queue_ttl=10).acquired
+    assert not attempt(other_store, name, "second", queue_ttl=10).acquired
+    raw(backend_url, request("md", lock_keys("corral", name).queue))
+    assert not attempt(other_store, name, "second", queue_ttl=10).acquired
+    assert not attempt(other_store, name, "first", queue_ttl=10).acquired
+    assert queue_of(backend_url, name) == (entry(name, "second"), entry(name, "first"))
+    assert locks_of(store).release(name, "holder") is Outcome.OK
+    assert not attempt(store, name, "first", queue_ttl=10).acquired
+    assert attempt(store, name, "second", queue_ttl=10).acquired
+    assert not attempt(store, name, "first", queue_ttl=10).acquired  # held: exclusion holds
+    locks_of(store).release(name, "second")
+    locks_of(store).leave_queue(name, "first")
+
+
+def test_a_killed_waiter_stalls_the_queue_only_until_its_place_expires(
+    backend_url: str, store: corral.Store, other_store: corral.Store, name: str
+) -> None:
+    """A real process queued behind a holder is SIGKILLed: the next waiter still gets it."""
+    holder = store.lock(name, ttl=60, fair=True)
+    assert holder.acquire()
+    script = (
+        "import sys, corral\n"
+        "store = corral.connect(sys.argv[1])\n"
+        "store.lock(sys.argv[2], ttl=60, fair=True).acquire(wait=120)\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, backend_url, name],
+        env={**os.environ, "PYTHONPATH": str(Path(corral.__file__).parents[1])},
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not queue_of(backend_url, name):
+            assert child.poll() is None and time.monotonic() < deadline, "it never queued"
+            time.sleep(0.05)
+        (queued,) = queue_of(backend_url, name) or ()
+        assert raw(backend_url, request("mg", place_key("corral", queued)))[0].code == b"HD"
+    finally:
+        child.kill()
+        child.wait()
+    holder.release()
+    # Its place stays until it expires (it is no longer refreshed), then the queue moves on.
+    waiter = other_store.lock(name, ttl=10, fair=True)
+    assert waiter.acquire(wait=30)
+    assert raw(backend_url, request("mg", place_key("corral", queued)))[0].code == b"EN"
+    waiter.release()
+
+
+# Round trips per primitive: what an attempt, a release, a queue costs on the wire.
 
 
 @pytest.fixture
@@ -757,12 +943,17 @@ def test_round_trips(
         action()
         return len(round_trips)
 
-    assert cost(lambda: attempt(store, name, "a")) == 2  # free
+    assert cost(lambda: attempt(store, name, "a")) == 2  # free, empty queue
     assert cost(lambda: attempt(store, name, "b")) == 1  # held
     assert cost(lambda: locks.extend(name, "a", 30)) == 2
     assert cost(lambda: store.lock_info(name)) == 1
+    assert cost(lambda: attempt(store, name, "w", queue_ttl=3)) == 2  # held, joins
+    assert cost(lambda: attempt(store, name, "w", queue_ttl=3)) == 1  # held, refreshes
     assert cost(lambda: locks.release(name, "a")) == 2
-    assert cost(lambda: attempt(store, name, "c")) == 2
+    assert cost(lambda: attempt(store, name, "c")) == 2  # free, "w" ahead: checked, alive
+    assert cost(lambda: attempt(store, name, "w", queue_ttl=3)) == 2  # free, "w" first
+    assert cost(lambda: locks.release(name, "w")) == 2  # leaves the queue on the way
+    assert cost(lambda: locks.leave_queue(name, "nobody")) == 1
     assert cost(lambda: store.force_release(name)) == 1
 
 

@@ -2,7 +2,7 @@
 
 Everything here blocks, like `corral.backends.memcached_proto`, on which it is
 built: the asyncio backend calls it through `run_sync`, the generated blocking
-backend directly, so the compare-and-swap loops exist once.
+backend directly, so the compare-and-swap loops and the queue exist once.
 `MemcachedLocks` holds the primitives of *one* server; a pool with client-side
 sharding will place each lock on a server by `LockKeys.route` and call that
 server's `MemcachedLocks`, unchanged.
@@ -54,16 +54,45 @@ million attempts a second, each drawing one, on average since the counter was
 created) could repeat a token. Keep clocks in sync (NTP) and that cannot happen
 in practice.
 
-**Round trips.** A held lock: one per attempt (probe and token). A free lock:
-two (the compare-and-swap and the winner's TTL in case it lost), never three.
-Release and extend cost two, `inspect` and `force_release` one.
+**The waiting queue** (a fair lock's waiters, and every waiter that passes
+`queue_ttl`). Each waiter has a *place*: an item `<prefix>:place:<id>` whose TTL
+(ceil(queue_ttl) + 2 s) the waiter refreshes with every attempt, so a place
+lives only while its waiter does. The order of arrival is a small item per
+lock, `<prefix>:queue:<name>`, holding place ids: a waiter joins by appending
+its id (`ms MA`, atomic; `ms ME` creates the queue when there is none, both in
+one round trip), and entries are removed by compare-and-swap (a release
+removes its holder's entry, `leave_queue` its waiter's, the head removes the
+dead entries it skipped). The *live head* is the first entry whose place
+exists. The probe reads the queue in the same round trip, so an attempt on a
+free lock with no queue costs nothing more; with a queue, an attempt whose
+entry is not first checks the places ahead of it (one more round trip, 16
+places per round trip) and takes the lock only if none of them lives: whether
+or not it passed `queue_ttl`, an attempt never takes a free lock from a live
+head that is someone else. A dead waiter therefore stalls the queue at most
+until its place expires. The queue item is touched by every waiting attempt
+(`mg T`), so it lives as long as its longest-lived place.
+
+What memcached cannot give: the queue check and the compare-and-swap are two
+round trips, so an attempt that read the queue before a waiter's entry was
+appended may still take the lock once (every attempt that starts after the
+append respects it). An eviction or restart loses places or the whole queue:
+waiters then rejoin at the end in whatever order their next attempts come, so
+order is lost but never exclusion: the lock itself stays correct.
+
+**Round trips.** A held lock: one per attempt (probe, queue, token; a waiter
+that is not yet in the queue adds one to join it). A free lock: two (the
+compare-and-swap and the winner's TTL in case it lost), plus one when entries
+are ahead of the caller in the queue. Release and extend cost two, `inspect`,
+`force_release` and `leave_queue` one (`leave_queue` two when it must rewrite
+the queue).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from corral.backends.memcached_proto import (
     Call,
@@ -79,20 +108,26 @@ from corral.backends.memcached_proto import (
     fork_aware,
     lease_left,
     lock_keys,
+    place_id,
+    place_key,
     request,
     server_ttl,
 )
 from corral.core.primitives import Attempt, LockInfo, Outcome
 from corral.errors import BackendError
 
-__all__ = ["PLACEHOLDER_TTL", "AttemptTicket", "MemcachedLocks"]
+__all__ = ["PLACEHOLDER_TTL", "AttemptTicket", "MemcachedLocks", "QueueState"]
 
 PLACEHOLDER_TTL = 3
 """Whole seconds a free lock's placeholder lives: room for the acquisition that follows its
 probe (a round trip later), and soon gone when nobody acquires."""
 _ROUNDS = 3
 """Probes per attempt when the placeholder vanished or was replaced by a fresh one."""
+_CHECK_CHUNK = 16
+"""Places checked per round trip when entries are ahead of the caller in the queue."""
+_JOIN_TRIES = 3
 _CAS_RETRIES = 8
+_HEX = frozenset("0123456789abcdef")
 
 
 # -- attempts in flight -------------------------------------------------------------
@@ -172,6 +207,58 @@ class _Attempts:
             ticket.done.wait(timeout)
 
 
+# -- the queue, with no I/O ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QueueState:
+    """A lock's queue as one read saw it: place ids in arrival order, its CAS and TTL."""
+
+    entries: tuple[str, ...] = ()
+    cas: int | None = None
+    """None when there was no queue."""
+    ttl: int = 0
+    """Whole seconds it had left (memcached's `t`)."""
+
+    @staticmethod
+    def parse(value: bytes) -> tuple[str, ...] | None:
+        """The place ids in a queue's value, or None if corral did not write it."""
+        try:
+            entries = tuple(value.decode("ascii").split(" "))
+        except UnicodeDecodeError:
+            return None
+        if entries[-1:] != ("",) or not all(
+            len(e) == 32 and _HEX.issuperset(e) for e in entries[:-1]
+        ):
+            return None
+        return entries[:-1]
+
+    @staticmethod
+    def encode(entries: Sequence[str]) -> bytes:
+        return "".join(f"{entry} " for entry in entries).encode("ascii")
+
+    def ahead_of(self, place: str | None) -> tuple[str, ...]:
+        """The entries before `place`'s first one (all of them if it has none)."""
+        if place is not None and place in self.entries:
+            return self.entries[: self.entries.index(place)]
+        return self.entries
+
+    def rewrite(self, key: str, kept: Sequence[str], min_ttl: int) -> bytes:
+        """The compare-and-swap that leaves `kept` in the queue, no sooner gone than before."""
+        if not kept:
+            return request("md", key, f"C{self.cas}")
+        ttl = max(self.ttl + 1, min_ttl, 1)  # +1: a tick may pass before the write lands
+        return request("ms", key, f"C{self.cas}", f"T{ttl}", data=self.encode(kept))
+
+
+@dataclass(frozen=True, slots=True)
+class _Place:
+    id: str
+    key: str
+    ttl: int
+    """The `T` that keeps it at least `queue_ttl` seconds."""
+
+
 # -- the primitives on one server -------------------------------------------------
 
 
@@ -190,17 +277,28 @@ class MemcachedLocks:
         """Register an attempt before it runs; see `AttemptTicket`."""
         return self._attempts.add(name, owner)
 
-    def try_acquire(self, ticket: AttemptTicket, ttl: float) -> Attempt:
-        """One acquisition attempt; see "Acquisition and fencing tokens" in the module docstring."""
+    def try_acquire(
+        self, ticket: AttemptTicket, ttl: float, queue_ttl: float | None = None
+    ) -> Attempt:
+        """One acquisition attempt; with `queue_ttl`, as a waiter that keeps its place.
+
+        See "Acquisition and fencing tokens" and "The waiting queue" in the module
+        docstring.
+        """
         name, owner = ticket.name, ticket.owner
         if not ticket.start():
             return Attempt(False)  # the caller is gone; taking the lock now would orphan it
         try:
             seconds = server_ttl(ttl)
             keys = lock_keys(self.prefix, name)
+            place = None
+            if queue_ttl is not None:
+                found = place_id(keys.lock, owner)
+                ttl_sent = server_ttl(queue_ttl, "queue_ttl")
+                place = _Place(found, place_key(self.prefix, found), ttl_sent)
             with self.client.session(name, "acquire") as call:
                 for _ in range(_ROUNDS):
-                    attempt = self._attempt(call, name, owner, keys, seconds)
+                    attempt = self._attempt(call, name, owner, keys, seconds, place)
                     if attempt is not None:
                         return attempt
             return Attempt(False)  # placeholders kept vanishing: try again later
@@ -208,13 +306,28 @@ class MemcachedLocks:
             ticket.finish()
 
     def _attempt(
-        self, call: Call, name: str, owner: str, keys: LockKeys, seconds: int
+        self,
+        call: Call,
+        name: str,
+        owner: str,
+        keys: LockKeys,
+        seconds: int,
+        place: _Place | None,
     ) -> Attempt | None:
         """One probe and what follows it; None when the placeholder went away under us."""
-        probe, drawn = call(
+        probes = [
             request("mg", keys.lock, f"N{PLACEHOLDER_TTL}", "s", "c", "t"),
+            request("mg", keys.queue, "v", "c", "t", *([f"T{place.ttl}"] if place else [])),
             request("ma", self._fence, "N0", f"J{time.time_ns() // 1000}", "v"),
-        )
+        ]
+        if place is not None:  # refresh the place first: readers of the queue see it alive
+            refresh = request("ms", place.key, f"T{place.ttl}", data=owner.encode(_UTF8, _SP))
+            probes.insert(0, refresh)
+        replies = call(*probes)
+        if place is not None and replies[0].code != b"HD":
+            raise ProtocolError(f"unexpected reply {replies[0]!r} to ms")
+        probe, queue_reply, drawn = replies[-3:]
+        queue = self._queue(name, keys, queue_reply)
         token = self._token(name, drawn)
         if probe.code != b"HD":
             raise BackendError(
@@ -222,17 +335,27 @@ class MemcachedLocks:
                 f"create its placeholder (answered {probe.code.decode('ascii', 'replace')}; "
                 "out of memory?)"
             )
+        join = place is not None and place.id not in queue.entries
         if probe.number("s") > 0:  # held, or closed by hold_for
+            if join:
+                assert place is not None
+                self._join(call, keys, place)
             return Attempt(False, holder_ttl=_holder_ttl(probe))
-        # The lock is free: take it, if nobody did since the probe.
+        ahead = queue.ahead_of(None if place is None else place.id)
+        if ahead and self._any_alive(call, keys, ahead, place if join else None):
+            return Attempt(False)  # a live waiter is ahead: every attempt respects it
+        # The lock is free and no live waiter is ahead: take it, if nobody did since the probe.
+        requests = []
+        if ahead:  # dead waiters only: drop them from the queue (best effort)
+            floor = 1 if place is None else place.ttl
+            requests.append(queue.rewrite(keys.queue, queue.entries[len(ahead) :], floor))
+        value = encode_value(token, owner)
         cas = probe.number("c")
         if cas == 0:
             raise CasDisabled
-        value = encode_value(token, owner)
-        stored, after = call(
-            request("ms", keys.lock, f"C{cas}", f"T{seconds}", data=value),
-            request("mg", keys.lock, "s", "t"),
-        )
+        requests.append(request("ms", keys.lock, f"C{cas}", f"T{seconds}", data=value))
+        requests.append(request("mg", keys.lock, "s", "t"))
+        stored, after = call(*requests)[-2:]
         if stored.code == b"HD":
             return Attempt(True, token=token)
         if stored.code not in (b"EX", b"NF"):
@@ -240,6 +363,43 @@ class MemcachedLocks:
         if after.code == b"HD" and after.number("s") > 0:
             return Attempt(False, holder_ttl=_holder_ttl(after))  # another attempt won it
         return None  # the placeholder expired or was replaced: probe again
+
+    def _any_alive(
+        self, call: Call, keys: LockKeys, ahead: Sequence[str], joining: _Place | None
+    ) -> bool:
+        """Whether any place in `ahead` lives; joins the queue on the way if asked."""
+        join = _join_requests(keys, joining) if joining is not None else []
+        alive = False
+        for start in range(0, len(ahead), _CHECK_CHUNK):
+            chunk = ahead[start : start + _CHECK_CHUNK]
+            checks = [request("mg", place_key(self.prefix, entry)) for entry in chunk]
+            replies = call(*checks, *join)
+            if join:
+                assert joining is not None
+                if not _joined(replies[len(checks) :]):
+                    self._join(call, keys, joining)
+                join = []
+            if any(reply.code == b"HD" for reply in replies[: len(checks)]):
+                alive = True
+                break
+        return alive
+
+    def _join(self, call: Call, keys: LockKeys, place: _Place) -> None:
+        """Append `place` to the queue, creating the queue if there is none."""
+        for _ in range(_JOIN_TRIES):
+            if _joined(call(*_join_requests(keys, place))):
+                return
+        # Created and gone again each time: the next attempt joins.
+
+    def _queue(self, name: str, keys: LockKeys, reply: Reply) -> QueueState:
+        if reply.code == b"EN":
+            return QueueState()
+        if reply.code != b"VA" or reply.value is None:
+            raise ProtocolError(f"unexpected reply {reply!r} to mg")
+        entries = QueueState.parse(reply.value)
+        if entries is None:
+            raise self.client.foreign(name, keys.queue, reply.value)
+        return QueueState(entries, reply.number("c"), reply.number("t"))
 
     def _token(self, name: str, reply: Reply) -> int:
         """The fencing token from the counter's `VA` reply to `ma`."""
@@ -254,7 +414,10 @@ class MemcachedLocks:
         return int(reply.value)
 
     def release(self, name: str, owner: str, hold_for: float = 0.0) -> Outcome:
-        """Compare-and-delete by owner; with `hold_for`, compare-and-set it ownerless that long."""
+        """Compare-and-delete by owner; with `hold_for`, compare-and-set it ownerless that long.
+
+        The same round trips delete the owner's place and its queue entry, if any.
+        """
         hold = server_ttl(hold_for, "hold_for") if hold_for > 0 else None
         self._attempts.wait(name, owner, self.timeout)
 
@@ -264,7 +427,7 @@ class MemcachedLocks:
             closed = encode_value(token, None)
             return request("ms", key, f"C{cas}", f"T{hold}", data=closed)
 
-        return self._compare_and(name, owner, "release", change)
+        return self._compare_and(name, owner, "release", change, leave_queue=True)
 
     def extend(self, name: str, owner: str, ttl: float) -> Outcome:
         """Compare-and-set the same value with a new TTL, by owner."""
@@ -282,12 +445,17 @@ class MemcachedLocks:
         owner: str,
         action: str,
         change: Callable[[str, int, int], bytes],
+        *,
+        leave_queue: bool = False,
     ) -> Outcome:
         """Read the lock with its CAS, check the owner, change it only if untouched since."""
         keys = lock_keys(self.prefix, name)
         with self.client.session(name, action) as call:
             for _ in range(_CAS_RETRIES):
-                (found,) = call(request("mg", keys.lock, "v", "c"))
+                reads = [request("mg", keys.lock, "v", "c")]
+                if leave_queue:
+                    reads.append(request("mg", keys.queue, "v", "c", "t"))
+                found, *rest = call(*reads)
                 if found.code == b"EN":
                     return Outcome.EXPIRED
                 if found.code != b"VA" or found.value is None:
@@ -303,7 +471,11 @@ class MemcachedLocks:
                 cas = found.number("c")
                 if cas == 0:
                     raise CasDisabled
-                (done,) = call(change(keys.lock, token, cas))
+                writes = [change(keys.lock, token, cas)]
+                if leave_queue:
+                    place = place_id(keys.lock, owner)
+                    writes += self._leave_requests(name, keys, rest[0], place)
+                done = call(*writes)[0]
                 if done.code == b"HD":
                     return Outcome.OK
                 if done.code == b"NF":
@@ -315,6 +487,38 @@ class MemcachedLocks:
                 f"lock {name!r} on {self.server}: could not {action} it: it kept changing "
                 f"between reading and writing ({_CAS_RETRIES} times); retry"
             )
+
+    def _leave_requests(
+        self, name: str, keys: LockKeys, queue_reply: Reply, place: str
+    ) -> list[bytes]:
+        """Delete `place` and, if the queue lists it, rewrite the queue without it.
+
+        A queue corral did not write is left alone here: it must not stop a release.
+        """
+        requests = [request("md", place_key(self.prefix, place))]
+        try:
+            queue = self._queue(name, keys, queue_reply)
+        except BackendError:
+            return requests
+        if place in queue.entries:
+            kept = [entry for entry in queue.entries if entry != place]
+            requests.append(queue.rewrite(keys.queue, kept, 1))
+        return requests
+
+    def leave_queue(self, name: str, owner: str) -> bool:
+        """Give up a place in the queue; True when it was first (the next one may now go)."""
+        keys = lock_keys(self.prefix, name)
+        place = place_id(keys.lock, owner)
+        with self.client.session(name, "leave the queue of") as call:
+            _, queue_reply = call(
+                request("md", place_key(self.prefix, place)),
+                request("mg", keys.queue, "v", "c", "t"),
+            )
+            queue = self._queue(name, keys, queue_reply)
+            if place in queue.entries:
+                kept = [entry for entry in queue.entries if entry != place]
+                call(queue.rewrite(keys.queue, kept, 1))  # EX: changed meanwhile; the place is gone
+        return queue.entries[:1] == (place,)
 
     def inspect(self, name: str) -> LockInfo | None:
         keys = lock_keys(self.prefix, name)
@@ -341,6 +545,23 @@ class MemcachedLocks:
 
     def close(self) -> None:
         self.client.close()
+
+
+_UTF8, _SP = "utf-8", "surrogatepass"
+
+
+def _join_requests(keys: LockKeys, place: _Place) -> list[bytes]:
+    """Append to the queue, else create it: one of the two stores, in one round trip."""
+    entry = QueueState.encode([place.id])
+    return [
+        request("ms", keys.queue, "MA", data=entry),
+        request("ms", keys.queue, "ME", f"T{place.ttl}", data=entry),
+    ]
+
+
+def _joined(replies: Sequence[Reply]) -> bool:
+    """Whether the append or the create of `_join_requests` stored the entry."""
+    return any(reply.code == b"HD" for reply in replies)
 
 
 def _holder_ttl(reply: Reply) -> float | None:

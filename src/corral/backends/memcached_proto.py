@@ -25,20 +25,23 @@ across a second boundary (about every 40 minutes the counter jumps by 2). So a
 lock is stored with `T<ceil(ttl) + 2>`: it lives at least its ttl, never less
 (the guarantee the lock logic's renewals rely on), and at most ceil(ttl) + 2 s
 (so a crashed holder's lock outstays its ttl by less than 3 s). Sub-second TTLs
-are therefore not honoured precisely on memcached. `inspect` reports the
-remaining TTL minus that margin (what is left of the lease the holder was
-granted); a failed attempt reports the full remaining TTL as `holder_ttl`, so a
-waiter never polls in a tight loop for the margin. memcached reads a TTL above
-30 days as a Unix time, so longer ones are sent as one, computed on this
-client's clock; nothing can last past 2038-01-19 (memcached's Unix times are
-32-bit).
+are therefore not honoured precisely on memcached. A waiter's place in a
+queue is kept the same way: at least `queue_ttl`, at most ceil(queue_ttl) + 2 s
+after its last refresh. `inspect` reports the remaining TTL minus that margin
+(what is left of the lease the holder was granted); a failed attempt reports
+the full remaining TTL as `holder_ttl`, so a waiter never polls in a tight loop
+for the margin. memcached reads a TTL above 30 days as a Unix time, so longer
+ones are sent as one, computed on this client's clock; nothing can last past
+2038-01-19 (memcached's Unix times are 32-bit).
 
-**Keys.** Per lock name: `<prefix>:lock:<name>` when the name is printable
-ASCII without spaces and the key fits memcached's 250 bytes; any other name
-(long, spaces, control characters, NUL, non-ASCII, lone surrogates) becomes
+**Keys.** Per lock name: `<prefix>:lock:<name>` (the lock) and
+`<prefix>:queue:<name>` (its waiting queue) when the name is printable ASCII
+without spaces and the key fits memcached's 250 bytes; any other name (long,
+spaces, control characters, NUL, non-ASCII, lone surrogates) becomes
 `<prefix>:lock#<readable part>#<32 hex digits of sha256(name)>`, so every `str`
 is a valid name, deterministically, and the two forms never collide (":" and
-"#" after the kind). Per server: `<prefix>:fence`, the fencing counter.
+"#" after the kind). Per waiter: `<prefix>:place:<32 hex digits of
+sha256(lock key, owner)>`. Per server: `<prefix>:fence`, the fencing counter.
 Values are `<token>:<owner>` (`<token>:` while closed by `hold_for`; empty for
 the placeholder a free lock's probe leaves), as in the Redis backend.
 
@@ -113,6 +116,8 @@ __all__ = [
     "lease_left",
     "lock_keys",
     "parse_url",
+    "place_id",
+    "place_key",
     "request",
     "server_ttl",
     "shown_url",
@@ -147,11 +152,13 @@ _VERSION = re.compile(rb"(\d+)\.(\d+)\.(\d+)")
 
 
 class LockKeys(NamedTuple):
-    """Everything one lock name keeps on the server."""
+    """Everything one lock name keeps on the server (besides its waiters' places)."""
 
     lock: str
     """`<token>:<owner>` with the lock's TTL; `<token>:` while closed by `hold_for`; empty
     while free and recently probed (a placeholder that lives under 3 s)."""
+    queue: str
+    """The waiting queue: place ids in arrival order; lives as long as its waiters refresh."""
     route: str
     """What a router hashes to choose the server: every key of a lock lives on one server."""
 
@@ -167,6 +174,16 @@ def check_prefix(prefix: object) -> str:
     return prefix
 
 
+def _digest(*parts: str) -> str:
+    """32 hex digits of sha256 over `parts`, each length-prefixed so no two splits collide."""
+    hasher = hashlib.sha256()
+    for part in parts:
+        raw = part.encode("utf-8", "surrogatepass")
+        hasher.update(b"%d:" % len(raw))
+        hasher.update(raw)
+    return hasher.hexdigest()[:32]
+
+
 def _key(prefix: str, kind: str, name: str) -> str:
     plain = f"{prefix}:{kind}:{name}"
     if _PLAIN.fullmatch(name) and len(plain) <= MAX_KEY_BYTES:  # ASCII: chars are bytes
@@ -180,7 +197,17 @@ def _key(prefix: str, kind: str, name: str) -> str:
 def lock_keys(prefix: str, name: str) -> LockKeys:
     """The keys of lock `name`: `corral:lock:report`, or a hashed form for any other name."""
     lock = _key(prefix, "lock", name)
-    return LockKeys(lock=lock, route=lock)
+    return LockKeys(lock=lock, queue=_key(prefix, "queue", name), route=lock)
+
+
+def place_id(lock_key: str, owner: str) -> str:
+    """The id under which `owner` waits in the queue of the lock stored at `lock_key`."""
+    return _digest(lock_key, owner)
+
+
+def place_key(prefix: str, place: str) -> str:
+    """The key whose TTL keeps a waiter's place alive while the waiter refreshes it."""
+    return f"{prefix}:place:{place}"
 
 
 def fence_key(prefix: str) -> str:
