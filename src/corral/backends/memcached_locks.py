@@ -416,7 +416,7 @@ class MemcachedLocks:
     def release(self, name: str, owner: str, hold_for: float = 0.0) -> Outcome:
         """Compare-and-delete by owner; with `hold_for`, compare-and-set it ownerless that long.
 
-        The same round trips delete the owner's place and its queue entry, if any.
+        The same round trips delete the owner's queue entry and place, if it has an entry.
         """
         hold = server_ttl(hold_for, "hold_for") if hold_for > 0 else None
         self._attempts.wait(name, owner, self.timeout)
@@ -473,8 +473,7 @@ class MemcachedLocks:
                     raise CasDisabled
                 writes = [change(keys.lock, token, cas)]
                 if leave_queue:
-                    place = place_id(keys.lock, owner)
-                    writes += self._leave_requests(name, keys, rest[0], place)
+                    writes += self._leave_requests(name, keys, rest[0], owner)
                 done = call(*writes)[0]
                 if done.code == b"HD":
                     return Outcome.OK
@@ -489,21 +488,26 @@ class MemcachedLocks:
             )
 
     def _leave_requests(
-        self, name: str, keys: LockKeys, queue_reply: Reply, place: str
+        self, name: str, keys: LockKeys, queue_reply: Reply, owner: str
     ) -> list[bytes]:
-        """Delete `place` and, if the queue lists it, rewrite the queue without it.
+        """If the queue lists `owner`, delete its place and rewrite the queue without it.
 
-        A queue corral did not write is left alone here: it must not stop a release.
+        A holder that took a free lock without ever joining the queue may leave a
+        place behind; nobody reads it (no entry points to it) and it expires, so
+        a plain release sends nothing more than its compare-and-delete. A queue
+        corral did not write is left alone here: it must not stop a release.
         """
-        requests = [request("md", place_key(self.prefix, place))]
         try:
             queue = self._queue(name, keys, queue_reply)
         except BackendError:
-            return requests
-        if place in queue.entries:
-            kept = [entry for entry in queue.entries if entry != place]
-            requests.append(queue.rewrite(keys.queue, kept, 1))
-        return requests
+            return []
+        if not queue.entries:
+            return []
+        place = place_id(keys.lock, owner)
+        if place not in queue.entries:
+            return []
+        kept = [entry for entry in queue.entries if entry != place]
+        return [request("md", place_key(self.prefix, place)), queue.rewrite(keys.queue, kept, 1)]
 
     def leave_queue(self, name: str, owner: str) -> bool:
         """Give up a place in the queue; True when it was first (the next one may now go)."""
