@@ -84,9 +84,10 @@ class AsyncMemcachedBackend(AsyncBackend):
             "it with -M, where a full server refuses new locks instead"
         ),
         fencing_tokens=(
-            "one counter per server and key prefix (`<prefix>:fence`), incremented (`ma`) in the "
-            "round trip that finds the lock free; the lock is then taken by compare-and-swap on "
-            "that free state, so no acquisition can come between the token and the lock. A "
+            "one counter per server and key prefix (`<prefix>:fence`), drawn (`ma`, atomic) by "
+            "every attempt in the round trip that finds the lock free; the lock is then taken by "
+            "compare-and-swap on the free state that round trip saw, so no acquisition can come "
+            "between the token and the lock. A "
             "lost counter (restart, flush_all, eviction) restarts at the current time in "
             "microseconds on the client that finds it missing: order across that loss needs "
             "clocks in sync (NTP) and fewer than a million attempts a second on average"
