@@ -6,8 +6,8 @@ The keys, values, the meta protocol and the connections live in
 `corral.backends.memcached_proto`, the atomic steps of each primitive and the
 waiting queue in `corral.backends.memcached_locks` (blocking, shared by both
 flavours; their docstrings say why each is as it is, and why corral speaks the
-meta protocol itself instead of going through pymemcache). This class runs them off the
-event loop and wakes this process's waiters.
+meta protocol itself instead of going through pymemcache). This class runs
+them off the event loop and wakes this process's waiters.
 
 **Why a worker thread per call, not asyncio I/O.** The blocking flavour is
 generated from this file, so whatever this file awaits must have a blocking
