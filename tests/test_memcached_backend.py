@@ -15,8 +15,11 @@ import os
 import re
 import socket
 import ssl
+import subprocess
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,7 @@ import pytest
 import corral
 import corral.aio
 from corral.backends import memcached_proto as proto
+from corral.backends.memcached_locks import PLACEHOLDER_TTL, MemcachedLocks, QueueState
 from corral.backends.memcached_proto import (
     MAX_KEY_BYTES,
     TTL_MARGIN,
@@ -34,11 +38,15 @@ from corral.backends.memcached_proto import (
     ReplyParser,
     decode_value,
     encode_value,
+    fence_key,
     lease_left,
     lock_keys,
     parse_url,
+    place_id,
+    place_key,
     request,
     server_ttl,
+    shown_url,
 )
 from corral.core.primitives import Outcome
 from corral.errors import BackendError, BackendUnavailable, ConfigError, LockExpired, LockLost
@@ -61,9 +69,16 @@ AWKWARD_NAMES = [
 ]
 
 
-def locks_of(store: corral.Store) -> proto.MemcachedLocks:
-    locks: proto.MemcachedLocks = store.backend._locks  # type: ignore[attr-defined]
+def locks_of(store: corral.Store) -> MemcachedLocks:
+    locks: MemcachedLocks = store.backend._locks  # type: ignore[attr-defined]
     return locks
+
+
+def is_take(request_line: bytes, name: str, prefix: str = "corral") -> bool:
+    """Whether a request is an attempt's compare-and-swap on the free lock `name`."""
+    head = request_line.split(b"\r\n", 1)[0].split()
+    key = lock_keys(prefix, name).lock.encode()
+    return head[:2] == [b"ms", key] and any(flag.startswith(b"C") for flag in head[3:])
 
 
 def host_port(url: str) -> tuple[str, int]:
@@ -94,15 +109,16 @@ def stat(url: str, name: str) -> int:
 def test_plain_names_keep_readable_keys() -> None:
     keys = lock_keys("corral", "nightly-report:eu")
     assert keys.lock == "corral:lock:nightly-report:eu"
-    assert keys.fence == "corral:fence:nightly-report:eu"
-    assert keys.route == keys.lock  # a router places both keys of a lock by the lock key
+    assert keys.queue == "corral:queue:nightly-report:eu"
+    assert keys.route == keys.lock  # a router places every key of a lock by the lock key
+    assert fence_key("corral") == "corral:fence"
 
 
 @pytest.mark.parametrize("name", AWKWARD_NAMES)
 def test_awkward_names_are_hashed_into_valid_keys(name: str) -> None:
     keys = lock_keys("corral", name)
     digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-    for key, kind in ((keys.lock, "lock"), (keys.fence, "fence")):
+    for key, kind in ((keys.lock, "lock"), (keys.queue, "queue")):
         assert re.fullmatch(r"[\x21-\x7e]+", key), key
         assert len(key.encode()) <= MAX_KEY_BYTES
         assert key.startswith(f"corral:{kind}#") and key.endswith(f"#{digest}")
@@ -116,13 +132,44 @@ def test_hashed_and_plain_keys_never_collide() -> None:
     names.append(lock_keys("corral", "has space").lock.removeprefix("corral:"))
     keys = [lock_keys("corral", name) for name in names]
     assert len({k.lock for k in keys}) == len(names)
-    assert len({k.fence for k in keys} | {k.lock for k in keys}) == 2 * len(names)
+    assert len({k.queue for k in keys} | {k.lock for k in keys}) == 2 * len(names)
 
 
 def test_the_longest_plain_key_is_kept_and_one_more_byte_is_hashed() -> None:
-    room = MAX_KEY_BYTES - len("corral:fence:")
-    assert lock_keys("corral", "a" * room).fence == "corral:fence:" + "a" * room
-    assert "#" in lock_keys("corral", "a" * (room + 1)).fence
+    room = MAX_KEY_BYTES - len("corral:queue:")
+    assert lock_keys("corral", "a" * room).queue == "corral:queue:" + "a" * room
+    assert "#" in lock_keys("corral", "a" * (room + 1)).queue
+
+
+def test_waiter_places_have_valid_keys_for_any_name_and_owner() -> None:
+    owners = ["host:1:MainThread:abc", "with space", "名前\udcff", "nul\x00"]
+    ids = set()
+    for name in AWKWARD_NAMES:
+        lock = lock_keys("corral", name).lock
+        for owner in owners:
+            found = place_id(lock, owner)
+            key = place_key("corral", found)
+            assert re.fullmatch(r"[0-9a-f]{32}", found)
+            assert re.fullmatch(r"[\x21-\x7e]+", key) and len(key) <= MAX_KEY_BYTES
+            ids.add(found)
+    assert len(ids) == len(AWKWARD_NAMES) * len(owners)
+    # Length-prefixed parts: moving a NUL between lock key and owner is another place.
+    assert place_id("a\x00b", "c") != place_id("a", "b\x00c")
+
+
+def test_queue_values() -> None:
+    a, b, c = "a" * 32, "b" * 32, "c" * 32
+    assert QueueState.encode([a, b]) == f"{a} {b} ".encode()
+    assert QueueState.parse(QueueState.encode([a, b])) == (a, b)
+    assert QueueState.parse(b"") == ()
+    for foreign in (b"x", f"{a}".encode(), f"{a}  ".encode(), b"\xff ", b"A" * 32 + b" "):
+        assert QueueState.parse(foreign) is None
+    queue = QueueState((a, b, c, b), cas=7, ttl=4)
+    assert queue.ahead_of(b) == (a,) and queue.ahead_of(None) == (a, b, c, b)
+    assert queue.ahead_of("d" * 32) == (a, b, c, b) and queue.ahead_of(a) == ()
+    assert queue.rewrite("q", [], 5) == b"md q C7\r\n"
+    assert queue.rewrite("q", [c], 2) == request("ms", "q", "C7", "T5", data=f"{c} ".encode())
+    assert queue.rewrite("q", [c], 9) == request("ms", "q", "C7", "T9", data=f"{c} ".encode())
 
 
 @pytest.mark.parametrize("prefix", ["", "has space", "tab\t", "é", "p" * 101, 7, None])
@@ -256,6 +303,37 @@ def test_bad_urls(url: str, options: dict[str, object], match: str) -> None:
         parse_url(url, options)
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "memcached://app:qX7/kV9@127.0.0.1:1",
+        "memcached://app:qX7?kV9@127.0.0.1:1",
+        "memcached://app:qX7?x=1@127.0.0.1:1",
+        "memcached://app:qX7#kV9@127.0.0.1:1",
+        "memcached://app:qX7@kV9@127.0.0.1:notaport",
+    ],
+)
+def test_a_password_with_unencoded_reserved_characters_never_shows(url: str) -> None:
+    """'/', '?' or '#' end the host part early: the password's tail must not show anywhere."""
+    assert "qX7" not in shown_url(url) and "kV9" not in shown_url(url)
+    with pytest.raises(ConfigError) as caught:
+        corral.connect(url)
+    shown = "".join(traceback.format_exception(caught.value)) + repr(caught.value)
+    assert "qX7" not in shown and "kV9" not in shown, shown
+
+
+def test_the_options_table_matches_what_connect_takes() -> None:
+    declared = {option.name: option for option in proto.OPTIONS}
+    assert set(declared) == {
+        "prefix", "timeout", "max_connections", "tls", "tls_ca_file", "tls_certfile",
+        "tls_keyfile", "tls_context",
+    }  # fmt: skip
+    assert not declared["tls_context"].query
+    for option in declared.values():
+        if option.example is not None:
+            parse_url(f"memcached://h?{option.name}={option.example}", {})
+
+
 def test_tls_options_make_a_context() -> None:
     assert parse_url("memcached://h?tls=true", {}).tls_context is not None
     context = ssl.create_default_context()
@@ -266,11 +344,12 @@ def test_tls_options_make_a_context() -> None:
 
 def test_capabilities_and_unsupported_options() -> None:
     caps = corral.connect("memcached://127.0.0.1:1").capabilities
-    assert not caps.notifies and not caps.fair and not caps.replicas and caps.cross_host
+    assert not caps.notifies and caps.fair and not caps.replicas and caps.cross_host
     assert "evict" in caps.on_memory_pressure and "fencing token" in caps.on_memory_pressure
+    assert "order" in caps.on_memory_pressure and "microseconds" in caps.fencing_tokens
+    assert caps.state_per_name.startswith("nothing")
     with corral.connect("memcached://127.0.0.1:1") as store:
-        with pytest.raises(ConfigError, match="fair"):
-            store.lock("x", fair=True)
+        store.lock("x", fair=True)  # a handle: nothing is sent until it is acquired
         with pytest.raises(ConfigError, match="replicas"):
             store.lock("x", replicas=1)
 
@@ -519,44 +598,72 @@ def test_a_token_drawn_meanwhile_cannot_reorder_acquisitions(
     assert late.acquire()
     assert fired and late.token is not None and late.token > tokens[0]
     info = store.lock_info(name)
-    assert info is not None and info.token == late.token  # the lock was rewritten with it
+    assert info is not None and info.token == late.token
     late.release()
 
 
-def test_an_add_evicted_before_its_token_is_recorded_is_no_acquisition(
-    backend_url: str, store: corral.Store, name: str, monkeypatch: pytest.MonkeyPatch
+def test_a_take_after_another_acquisition_fails_and_reports_the_holder(
+    store: corral.Store, other_store: corral.Store, name: str, interfere: Any
 ) -> None:
+    """The compare-and-swap on the placeholder refuses a lock taken since the probe."""
+    winner = other_store.lock(name, ttl=20)
+    fired = interfere(b"ms " + lock_keys("corral", name).lock.encode() + b" ", winner.acquire)
+    attempt = locks_of(store).try_acquire(locks_of(store).begin_attempt(name, "late"), 30)
+    assert fired and not attempt.acquired
+    assert attempt.holder_ttl is not None and 19 <= attempt.holder_ttl <= 20 + TTL_MARGIN
+    info = store.lock_info(name)
+    assert info is not None and info.owner == winner.owner and info.token == winner.token
+    winner.release()
+
+
+def test_a_placeholder_gone_before_the_take_is_probed_again(
+    backend_url: str, store: corral.Store, name: str, interfere: Any
+) -> None:
+    """Expired (or deleted) between probe and take: the attempt probes again, draws anew."""
+    drawn: list[int] = []
+    keys = lock_keys("corral", name)
+
+    def delete_placeholder_and_draw() -> None:
+        assert raw(backend_url, request("md", keys.lock))[0].code == b"HD"
+        (counter,) = raw(backend_url, request("mg", fence_key("corral"), "v"))
+        assert counter.value is not None
+        drawn.append(int(counter.value))
+
+    fired = interfere(b"ms " + keys.lock.encode() + b" ", delete_placeholder_and_draw)
     lock = store.lock(name, ttl=30)
-    assert lock.acquire()  # creates the counter
+    assert lock.acquire()
+    assert fired and lock.token is not None and lock.token > drawn[0]
     lock.release()
-    prefix = b"ms " + lock_keys("corral", name).lock.encode() + b" "
-    seen: list[bytes] = []
-    original = proto._Connection.call
 
-    def call(self: proto._Connection, deadline: float, *requests: bytes) -> list[Reply]:
-        if requests[0].startswith(prefix):
-            seen.append(requests[0])
-            if len(seen) == 1:  # the add: another client draws a token first
-                raw(backend_url, request("ma", lock_keys("corral", name).fence))
-            else:  # the token rewrite: the lock was evicted meanwhile
-                raw(backend_url, request("md", lock_keys("corral", name).lock))
-        return original(self, deadline, *requests)
 
-    monkeypatch.setattr(proto._Connection, "call", call)
-    assert not lock.acquire()
-    assert len(seen) == 2 and b" C" in seen[1]
-    assert not lock.held and store.lock_info(name) is None
+def test_a_placeholder_is_no_lock(
+    backend_url: str, store: corral.Store, other_store: corral.Store, name: str
+) -> None:
+    """A probe of a free lock leaves an empty placeholder for a moment: it is free."""
+    keys = lock_keys("corral", name)
+    (probe,) = raw(backend_url, request("mg", keys.lock, f"N{PLACEHOLDER_TTL}", "s", "t"))
+    assert probe.code == b"HD" and probe.number("s") == 0
+    assert 0 < probe.number("t") <= PLACEHOLDER_TTL
+    assert store.lock_info(name) is None
+    assert not store.lock(name).locked()
+    assert not store.force_release(name)
+    assert locks_of(store).release(name, "nobody") is Outcome.EXPIRED
+    assert locks_of(store).extend(name, "nobody", 10) is Outcome.EXPIRED
+    lock = other_store.lock(name, ttl=10)
+    assert lock.acquire()  # over the placeholder
+    lock.release()
+    assert raw(backend_url, request("mg", keys.lock))[0].code == b"EN"  # released: deleted
 
 
 def test_release_waits_for_an_attempt_in_flight(
     store: corral.Store, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A release of an owner whose attempt is still running must not overtake its `add`."""
+    """A release of an owner whose attempt is still running must not overtake its take."""
     locks = locks_of(store)
     original = proto._Connection.call
 
     def slow_add(self: proto._Connection, deadline: float, *requests: bytes) -> list[Reply]:
-        if b" ME " in requests[0]:
+        if any(is_take(line, name) for line in requests):
             time.sleep(0.3)
         return original(self, deadline, *requests)
 
@@ -569,7 +676,7 @@ def test_release_waits_for_an_attempt_in_flight(
     assert locks.release(name, "owner-1") is Outcome.OK
     thread.join()
     assert results[0].acquired  # type: ignore[attr-defined]
-    assert store.lock_info(name) is None  # the release came after the add, and freed it
+    assert store.lock_info(name) is None  # the release came after the take, and freed it
 
 
 def test_an_attempt_abandoned_before_it_started_never_runs(store: corral.Store, name: str) -> None:
@@ -585,16 +692,18 @@ async def test_cancelled_attempt_leaves_no_lock_behind(
     backend_url: str, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     original = proto._Connection.call
+    taking = threading.Event()
 
-    def slow_add(self: proto._Connection, deadline: float, *requests: bytes) -> list[Reply]:
-        if b" ME " in requests[0]:
+    def slow_take(self: proto._Connection, deadline: float, *requests: bytes) -> list[Reply]:
+        if any(is_take(line, name) for line in requests):
+            taking.set()
             time.sleep(0.3)
         return original(self, deadline, *requests)
 
-    monkeypatch.setattr(proto._Connection, "call", slow_add)
+    monkeypatch.setattr(proto._Connection, "call", slow_take)
     async with corral.aio.connect(backend_url) as store:
         task = asyncio.create_task(store.lock(name, ttl=60).acquire())
-        await asyncio.sleep(0.1)  # the add is on its way, in a worker thread
+        assert await asyncio.to_thread(taking.wait, 10)  # the take is on its way, in a thread
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -602,32 +711,250 @@ async def test_cancelled_attempt_leaves_no_lock_behind(
         assert await store.lock(name, ttl=5).acquire()
 
 
-def test_foreign_data_under_our_prefix(backend_url: str, store: corral.Store, name: str) -> None:
-    keys = lock_keys("corral", name)
-    raw(backend_url, request("ms", keys.lock, "T60", data=b"not corral's"))
-    with pytest.raises(BackendError, match="did not write"):
-        store.lock_info(name)
-    with pytest.raises(BackendError, match="did not write"):
-        locks_of(store).release(name, "someone")
-    raw(backend_url, request("md", keys.lock), request("ms", keys.fence, "T60", data=b"abc"))
-    with pytest.raises(BackendError, match="prefix"):
-        store.lock(name).acquire()
-    raw(backend_url, request("md", keys.fence))
+def test_foreign_data_under_our_prefix(backend_url: str, name: str) -> None:
+    prefix = f"foreign-{name}"  # its own counter: the shared one stays intact
+    keys = lock_keys(prefix, name)
+    with corral.connect(backend_url, prefix=prefix) as store:
+        raw(backend_url, request("ms", keys.lock, "T60", data=b"not corral's"))
+        with pytest.raises(BackendError, match="did not write"):
+            store.lock_info(name)
+        with pytest.raises(BackendError, match="did not write"):
+            locks_of(store).release(name, "someone")
+        raw(backend_url, request("md", keys.lock))
+        held = store.lock(name, ttl=30)
+        assert held.acquire()
+        raw(backend_url, request("ms", keys.queue, "T60", data=b"not a queue"))
+        held.release()  # a foreign queue never stops a release
+        with pytest.raises(BackendError, match="prefix"):
+            store.lock(name).acquire()
+        raw(backend_url, request("md", keys.queue))
+        raw(backend_url, request("ms", fence_key(prefix), "T60", data=b"abc"))
+        with pytest.raises(BackendError, match="prefix"):
+            store.lock(name).acquire()
+        assert store.lock_info(name) is None  # nothing was taken meanwhile
+        raw(backend_url, request("md", fence_key(prefix)))
 
 
-def test_a_lost_counter_restarts_above_every_earlier_token(
+def test_a_lost_counter_restarts_above_every_earlier_token(backend_url: str, name: str) -> None:
+    prefix = f"lost-{name}"
+    with corral.connect(backend_url, prefix=prefix) as store:
+        lock = store.lock(name, ttl=30)
+        assert lock.acquire()
+        first = lock.token
+        lock.release()
+        # Evicted, or lost with a restart: the next token starts from the time in microseconds.
+        assert raw(backend_url, request("md", fence_key(prefix)))[0].code == b"HD"
+        assert lock.acquire()
+        assert lock.token is not None and first is not None and lock.token > first
+        assert lock.token >= time.time_ns() // 1000 - 60_000_000
+        lock.release()
+
+
+def test_one_counter_serves_every_name(backend_url: str, name: str) -> None:
+    """Tokens come from one item per prefix, so no name keeps a counter of its own."""
+    prefix = f"one-{name}"
+    with corral.connect(backend_url, prefix=prefix) as store:
+        tokens = []
+        for index in range(5):
+            lock = store.lock(f"{name}-{index}", ttl=30)
+            assert lock.acquire()
+            assert lock.token is not None
+            tokens.append(lock.token)
+            lock.release()
+        (counter,) = raw(backend_url, request("mg", fence_key(prefix), "v", "t"))
+        assert counter.value is not None and counter.number("t") == -1  # never expires
+        assert tokens == sorted(tokens) and len(set(tokens)) == 5
+        assert int(counter.value) >= tokens[-1]
+
+
+# The waiting queue: places, entries, and what each primitive leaves behind.
+
+
+def queue_of(url: str, name: str) -> tuple[str, ...] | None:
+    (found,) = raw(url, request("mg", lock_keys("corral", name).queue, "v"))
+    if found.code == b"EN":
+        return None
+    assert found.value is not None
+    return QueueState.parse(found.value)
+
+
+def place_alive(url: str, name: str, owner: str) -> bool:
+    key = place_key("corral", place_id(lock_keys("corral", name).lock, owner))
+    return raw(url, request("mg", key))[0].code == b"HD"
+
+
+def attempt(store: corral.Store, name: str, owner: str, queue_ttl: float | None = None) -> Any:
+    locks = locks_of(store)
+    return locks.try_acquire(locks.begin_attempt(name, owner), 30, queue_ttl)
+
+
+def entry(name: str, owner: str) -> str:
+    return place_id(lock_keys("corral", name).lock, owner)
+
+
+def test_a_waiter_joins_once_and_its_place_lives_while_it_refreshes(
     backend_url: str, store: corral.Store, name: str
 ) -> None:
-    lock = store.lock(name, ttl=30)
-    assert lock.acquire()
-    first = lock.token
-    lock.release()
-    # Evicted, or lost with a restart: the next token starts from the time in microseconds.
-    assert raw(backend_url, request("md", lock_keys("corral", name).fence))[0].code == b"HD"
-    assert lock.acquire()
-    assert lock.token is not None and first is not None and lock.token > first
-    assert lock.token >= time.time_ns() // 1000 - 60_000_000
-    lock.release()
+    assert attempt(store, name, "holder").acquired
+    for _ in range(3):
+        assert not attempt(store, name, "waiter", queue_ttl=1).acquired
+    assert queue_of(backend_url, name) == (entry(name, "waiter"),)
+    assert place_alive(backend_url, name, "waiter")
+    (place,) = raw(backend_url, request("mg", place_key("corral", entry(name, "waiter")), "t"))
+    assert 0 < place.number("t") <= server_ttl(1)
+    # Not refreshed any more (the waiter died): the place goes, the entry stays until pruned.
+    began = time.monotonic()
+    while place_alive(backend_url, name, "waiter"):
+        assert time.monotonic() - began < server_ttl(1) + 1
+        time.sleep(0.1)
+    assert locks_of(store).release(name, "holder") is Outcome.OK
+    assert attempt(store, name, "newcomer").acquired  # the dead head no longer counts
+    assert queue_of(backend_url, name) is None  # and was dropped from the queue
+    locks_of(store).release(name, "newcomer")
+
+
+def test_release_and_leave_queue_remove_places_and_entries(
+    backend_url: str, store: corral.Store, other_store: corral.Store, name: str
+) -> None:
+    assert attempt(store, name, "holder").acquired
+    for owner in ("first", "second", "third"):
+        assert not attempt(other_store, name, owner, queue_ttl=10).acquired
+    order = tuple(entry(name, owner) for owner in ("first", "second", "third"))
+    assert queue_of(backend_url, name) == order
+    locks_of(other_store).leave_queue(name, "second")
+    assert not place_alive(backend_url, name, "second")
+    assert queue_of(backend_url, name) == (order[0], order[2])
+    assert locks_of(store).release(name, "holder") is Outcome.OK
+    assert not attempt(other_store, name, "third", queue_ttl=10).acquired  # "first" is ahead
+    assert attempt(other_store, name, "first", queue_ttl=10).acquired
+    assert locks_of(other_store).release(name, "first") is Outcome.OK
+    assert not place_alive(backend_url, name, "first")
+    assert queue_of(backend_url, name) == (order[2],)
+    assert attempt(other_store, name, "third", queue_ttl=10).acquired
+    assert locks_of(other_store).release(name, "third", hold_for=1) is Outcome.OK
+    assert queue_of(backend_url, name) is None and not place_alive(backend_url, name, "third")
+    assert store.force_release(name)
+
+
+def test_dead_places_beyond_one_round_trip_of_checks(
+    backend_url: str, store: corral.Store, name: str
+) -> None:
+    """Twenty dead places before a live one: the checks go on past the first sixteen."""
+    assert attempt(store, name, "holder").acquired
+    dead = [f"dead-{index}" for index in range(20)]
+    for owner in [*dead, "live"]:
+        assert not attempt(store, name, owner, queue_ttl=30).acquired
+    for owner in dead:
+        locks_of(store).leave_queue(name, owner)  # then put the entries back, places gone
+    raw(
+        backend_url,
+        request(
+            "ms",
+            lock_keys("corral", name).queue,
+            "T30",
+            data=QueueState.encode([entry(name, owner) for owner in [*dead, "live"]]),
+        ),
+    )
+    locks_of(store).release(name, "holder")
+    assert not attempt(store, name, "newcomer").acquired  # "live" is 21st, and alive
+    locks_of(store).leave_queue(name, "live")
+    assert attempt(store, name, "newcomer").acquired  # all dead: free for anyone
+    assert queue_of(backend_url, name) is None
+    locks_of(store).release(name, "newcomer")
+
+
+def test_a_lost_queue_loses_order_not_exclusion(
+    backend_url: str, store: corral.Store, other_store: corral.Store, name: str
+) -> None:
+    """Evicted (or lost with a restart): waiters rejoin with their next attempt."""
+    assert attempt(store, name, "holder").acquired
+    assert not attempt(other_store, name, "first", queue_ttl=10).acquired
+    assert not attempt(other_store, name, "second", queue_ttl=10).acquired
+    raw(backend_url, request("md", lock_keys("corral", name).queue))
+    assert not attempt(other_store, name, "second", queue_ttl=10).acquired
+    assert not attempt(other_store, name, "first", queue_ttl=10).acquired
+    assert queue_of(backend_url, name) == (entry(name, "second"), entry(name, "first"))
+    assert locks_of(store).release(name, "holder") is Outcome.OK
+    assert not attempt(store, name, "first", queue_ttl=10).acquired
+    assert attempt(store, name, "second", queue_ttl=10).acquired
+    assert not attempt(store, name, "first", queue_ttl=10).acquired  # held: exclusion holds
+    locks_of(store).release(name, "second")
+    locks_of(store).leave_queue(name, "first")
+
+
+def test_a_killed_waiter_stalls_the_queue_only_until_its_place_expires(
+    backend_url: str, store: corral.Store, other_store: corral.Store, name: str
+) -> None:
+    """A real process queued behind a holder is SIGKILLed: the next waiter still gets it."""
+    holder = store.lock(name, ttl=60, fair=True)
+    assert holder.acquire()
+    script = (
+        "import sys, corral\n"
+        "store = corral.connect(sys.argv[1])\n"
+        "store.lock(sys.argv[2], ttl=60, fair=True).acquire(wait=120)\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, backend_url, name],
+        env={**os.environ, "PYTHONPATH": str(Path(corral.__file__).parents[1])},
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not queue_of(backend_url, name):
+            assert child.poll() is None and time.monotonic() < deadline, "it never queued"
+            time.sleep(0.05)
+        (queued,) = queue_of(backend_url, name) or ()
+        assert raw(backend_url, request("mg", place_key("corral", queued)))[0].code == b"HD"
+    finally:
+        child.kill()
+        child.wait()
+    holder.release()
+    # Its place stays until it expires (it is no longer refreshed), then the queue moves on.
+    waiter = other_store.lock(name, ttl=10, fair=True)
+    assert waiter.acquire(wait=30)
+    assert raw(backend_url, request("mg", place_key("corral", queued)))[0].code == b"EN"
+    waiter.release()
+
+
+# Round trips per primitive: what an attempt, a release, a queue costs on the wire.
+
+
+@pytest.fixture
+def round_trips(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts `_Connection.call`s (one write, then every reply: one round trip each)."""
+    calls: list[int] = []
+    original = proto._Connection.call
+
+    def call(self: proto._Connection, deadline: float, *requests: bytes) -> list[Reply]:
+        calls.append(len(requests))
+        return original(self, deadline, *requests)
+
+    monkeypatch.setattr(proto._Connection, "call", call)
+    return calls
+
+
+def test_round_trips(
+    store: corral.Store, other_store: corral.Store, name: str, round_trips: list[int]
+) -> None:
+    locks = locks_of(store)
+    store.lock_info(name)  # opens the pooled connection: its greeting is not counted below
+
+    def cost(action: Callable[[], object]) -> int:
+        round_trips.clear()
+        action()
+        return len(round_trips)
+
+    assert cost(lambda: attempt(store, name, "a")) == 2  # free, empty queue
+    assert cost(lambda: attempt(store, name, "b")) == 1  # held
+    assert cost(lambda: locks.extend(name, "a", 30)) == 2
+    assert cost(lambda: store.lock_info(name)) == 1
+    assert cost(lambda: attempt(store, name, "w", queue_ttl=3)) == 2  # held, joins
+    assert cost(lambda: attempt(store, name, "w", queue_ttl=3)) == 1  # held, refreshes
+    assert cost(lambda: locks.release(name, "a")) == 2
+    assert cost(lambda: attempt(store, name, "c")) == 2  # free, "w" ahead: checked, alive
+    assert cost(lambda: attempt(store, name, "w", queue_ttl=3)) == 2  # free, "w" first
+    assert cost(lambda: locks.release(name, "w")) == 2  # leaves the queue on the way
+    assert cost(lambda: locks.leave_queue(name, "nobody")) == 1
+    assert cost(lambda: store.force_release(name)) == 1
 
 
 def test_threads_share_one_store_without_overlap(backend_url: str, name: str) -> None:
@@ -653,7 +980,7 @@ def test_threads_share_one_store_without_overlap(backend_url: str, name: str) ->
             thread.start()
         for thread in threads:
             thread.join()
-        pool = locks_of(store)._pool
+        pool = locks_of(store).client._pool
         assert len(pool._idle) + len(pool._lent) <= 4
     assert not errors, errors
     records.sort()
@@ -706,7 +1033,7 @@ def test_a_closed_store_says_so(backend_url: str, name: str) -> None:
 def test_a_forked_child_opens_its_own_connection(backend_url: str, name: str) -> None:
     with corral.connect(backend_url) as store:
         assert store.lock_info(name) is None  # leaves one idle connection in the pool
-        pool = locks_of(store)._pool
+        pool = locks_of(store).client._pool
         parent_port = pool._idle[0].sock.getsockname()[1]
         stop = threading.Event()
         parent_errors: list[BaseException] = []

@@ -1,27 +1,9 @@
-"""The memcached lock store shared by both flavours: keys, values, the meta protocol, one server.
+"""memcached for both flavours: keys, values, the meta protocol, connections to one server.
 
 Everything here blocks. The asyncio backend calls it through `run_sync` (a
 worker thread) and the generated blocking backend calls it directly, so the
-protocol, the connection handling and the compare-and-swap loops exist once.
-`MemcachedLocks` holds the primitives of *one* server; a pool with client-side
-sharding will place each lock on a server by `LockKeys.route` and call that
-server's `MemcachedLocks`, unchanged.
-
-**Atomicity, with the meta protocol (memcached >= 1.6.10).** An acquisition is
-`ms <lock> <len> ME T<ttl>`: the meta form of `add`, which stores only if the
-key is absent, atomically on the server. Release and extend must change the
-lock only if it is still the caller's, and a plain `delete` cannot say so: a
-holder whose TTL ran out would delete the next holder's lock (dogpile.cache,
-tooz and sherlock release that way). So both read the lock with
-`mg <lock> v c` (value and CAS in one reply), check the owner, then write with
-the CAS they read: `md <lock> C<cas>` (compare-and-delete), or
-`ms <lock> <len> C<cas> T<ttl>` (compare-and-set, for extend and `hold_for`).
-The server applies the write only if nothing touched the key in between, else
-answers EX (changed: read again) or NF (gone: expired). CAS values are unique
-per server but restart from 1 with the server, so the read and the write go
-over one connection: a restart in between breaks it instead of comparing
-against a number the new server may have handed to someone else. A server
-started with `-C` has no CAS at all and is refused with a clear error.
+protocol and the connection handling exist once. The lock primitives built on
+it live in `corral.backends.memcached_locks`.
 
 **Why not pymemcache.** Its API has `gets`/`cas` but no compare-and-delete.
 `Client.raw_command` can send meta commands, but it reads a reply up to a fixed
@@ -36,13 +18,6 @@ a two-step operation can take twice as long. What it would have given us is
 the socket and TLS set-up, which the standard library does in a few lines, so
 this module speaks the meta protocol itself.
 
-**Round trips.** An attempt on a held lock costs one (a probe of the lock
-and a read of the fencing counter, together). On a free lock a second carries
-the `add`, the counter's increment and, in case a racer got there first, a
-probe of the winner's TTL; a third is needed only when another client drew a
-token in between (see below). Release and extend cost two; `inspect` and
-`force_release` one.
-
 **TTLs in whole seconds.** memcached keeps time in whole seconds, on a clock
 that ticks once a second; an item given `T<n>` vanishes at the n-th tick, so
 between n-1 and n seconds later, and slightly sooner when the tick drifts
@@ -50,45 +25,25 @@ across a second boundary (about every 40 minutes the counter jumps by 2). So a
 lock is stored with `T<ceil(ttl) + 2>`: it lives at least its ttl, never less
 (the guarantee the lock logic's renewals rely on), and at most ceil(ttl) + 2 s
 (so a crashed holder's lock outstays its ttl by less than 3 s). Sub-second TTLs
-are therefore not honoured precisely on memcached. `inspect` reports the
-remaining TTL minus that margin (what is left of the lease the holder was
-granted); a failed attempt reports the full remaining TTL as `holder_ttl`, so a
-waiter never polls in a tight loop for the margin. memcached reads a TTL
-above 30 days as a Unix time, so longer ones are sent as one, computed on this
-client's clock; nothing can last past 2038-01-19 (memcached's Unix times are
-32-bit).
+are therefore not honoured precisely on memcached. A waiter's place in a
+queue is kept the same way: at least `queue_ttl`, at most ceil(queue_ttl) + 2 s
+after its last refresh. `inspect` reports the remaining TTL minus that margin
+(what is left of the lease the holder was granted); a failed attempt reports
+the full remaining TTL as `holder_ttl`, so a waiter never polls in a tight loop
+for the margin. memcached reads a TTL above 30 days as a Unix time, so longer
+ones are sent as one, computed on this client's clock; nothing can last past
+2038-01-19 (memcached's Unix times are 32-bit).
 
-**Fencing tokens.** A per-lock counter, incremented with `ma` (atomic).
-Tokens must increase in the order of acquisitions, so a token is drawn only
-*after* its `add` succeeded: a token drawn before could go to an attempt that
-stalls while another client acquires, with a higher token, and releases, and
-then succeeds with the lower one. To keep two round trips, the attempt reads
-the counter with its probe, stores `counter + 1` with the `add`, and sends the
-increment right behind the `add` on the same connection. If the increment
-returns exactly `counter + 1`, nobody drew a token between the read and the
-increment, so the stored token was in effect drawn after the `add`. Otherwise
-a third round trip rewrites the lock with the token drawn after the `add`, by
-compare-and-set on the `add`'s CAS, so it succeeds only if the lock is still
-ours (else the attempt failed: the lock was evicted meanwhile). Only in that
-window may `inspect` show a token the holder will not keep.
-
-The counter never expires but may be evicted, or lost with a restart: a
-missing counter is created by the increment itself (`ma <fence> N0 J<now>`) at
-the current time in microseconds, above every token issued before, as the
-Redis backend does with the server's clock. memcached has no sub-second clock,
-so the time is this client's; what remains: a counter recreated by a client
-whose clock is behind the highest token ever issued (in microseconds: a clock
-that is behind, or a counter that was incremented more than a million times a
-second on average since it was created) could repeat a token. Keep clocks in
-sync (NTP) and that cannot happen in practice.
-
-**Keys.** `<prefix>:lock:<name>` and `<prefix>:fence:<name>` when the name is
-printable ASCII without spaces and the key fits memcached's 250 bytes; any other
-name (long, spaces, control characters, non-ASCII) becomes
-`<prefix>:lock#<readable part>#<32 hex digits of sha256(name)>`, so every
-`str` is a valid name, deterministically, and the two forms never collide (":"
-and "#" after the kind). Values are `<token>:<owner>` (`<token>:` while closed
-by `hold_for`), as in the Redis backend.
+**Keys.** Per lock name: `<prefix>:lock:<name>` (the lock) and
+`<prefix>:queue:<name>` (its waiting queue) when the name is printable ASCII
+without spaces and the key fits memcached's 250 bytes; any other name (long,
+spaces, control characters, NUL, non-ASCII, lone surrogates) becomes
+`<prefix>:lock#<readable part>#<32 hex digits of sha256(name)>`, so every `str`
+is a valid name, deterministically, and the two forms never collide (":" and
+"#" after the kind). Per waiter: `<prefix>:place:<32 hex digits of
+sha256(lock key, owner)>`. Per server: `<prefix>:fence`, the fencing counter.
+Values are `<token>:<owner>` (`<token>:` while closed by `hold_for`; empty for
+the placeholder a free lock's probe leaves), as in the Redis backend.
 
 **Connections.** A pool per store and process: thread-safe, bounded by
 `max_connections` if given (a caller waits for a free connection within
@@ -109,7 +64,8 @@ the URL has credentials and checks the server's version.
 `ssl_verify_mode`) or a ready `tls_context=ssl.SSLContext`. SASL exists only in
 the binary protocol, which has no meta commands, so it is not supported; the
 text protocol's own authentication (`-Y <file>`, memcached >= 1.5.15) is: put
-`user:password@` in the URL.
+`user:password@` in the URL. The password goes to the server and nowhere else:
+the options' repr, the server's name in messages and every error leave it out.
 """
 
 from __future__ import annotations
@@ -127,11 +83,11 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from corral.backends.registry import redact
-from corral.core.primitives import Attempt, LockInfo, Outcome
+from corral.core.options import Option, merge_options
 from corral.core.validate import check_timeout
 from corral.errors import BackendError, BackendUnavailable, ConfigError
 
@@ -141,22 +97,30 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "MAX_KEY_BYTES",
     "MIN_VERSION",
+    "OPTIONS",
     "TTL_MARGIN",
-    "AttemptTicket",
+    "Call",
+    "CasDisabled",
     "LockKeys",
-    "MemcachedLocks",
+    "MemcachedClient",
     "MemcachedOptions",
     "ProtocolError",
     "Reply",
     "ReplyParser",
+    "ServerRefused",
     "check_prefix",
     "decode_value",
     "encode_value",
+    "fence_key",
+    "fork_aware",
     "lease_left",
     "lock_keys",
     "parse_url",
+    "place_id",
+    "place_key",
     "request",
     "server_ttl",
+    "shown_url",
 ]
 
 DEFAULT_PORT = 11211
@@ -175,7 +139,6 @@ MAX_UNIX_TTL = 2**31 - 1
 """memcached wraps later Unix times around (and then expires the item at once)."""
 MIN_VERSION = (1, 6, 10)
 """The meta protocol's final syntax (`ms <key> <datalen>`, `HD`) and a working `md C<cas>`."""
-_CAS_RETRIES = 8
 _MAX_LINE = 8192
 _RECV = 65536
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -189,14 +152,15 @@ _VERSION = re.compile(rb"(\d+)\.(\d+)\.(\d+)")
 
 
 class LockKeys(NamedTuple):
-    """Everything one lock name uses on the server."""
+    """Everything one lock name keeps on the server (besides its waiters' places)."""
 
     lock: str
-    """`<token>:<owner>` with the lock's TTL; `<token>:` while closed by `hold_for`."""
-    fence: str
-    """The last fencing token handed out; never expires, recreated above the old ones if lost."""
+    """`<token>:<owner>` with the lock's TTL; `<token>:` while closed by `hold_for`; empty
+    while free and recently probed (a placeholder that lives under 3 s)."""
+    queue: str
+    """The waiting queue: place ids in arrival order; lives as long as its waiters refresh."""
     route: str
-    """What a router hashes to choose the server: both keys of a lock live on one server."""
+    """What a router hashes to choose the server: every key of a lock lives on one server."""
 
 
 def check_prefix(prefix: object) -> str:
@@ -208,6 +172,16 @@ def check_prefix(prefix: object) -> str:
             f"spaces (it starts every memcached key), got {prefix!r}"
         )
     return prefix
+
+
+def _digest(*parts: str) -> str:
+    """32 hex digits of sha256 over `parts`, each length-prefixed so no two splits collide."""
+    hasher = hashlib.sha256()
+    for part in parts:
+        raw = part.encode("utf-8", "surrogatepass")
+        hasher.update(b"%d:" % len(raw))
+        hasher.update(raw)
+    return hasher.hexdigest()[:32]
 
 
 def _key(prefix: str, kind: str, name: str) -> str:
@@ -223,7 +197,22 @@ def _key(prefix: str, kind: str, name: str) -> str:
 def lock_keys(prefix: str, name: str) -> LockKeys:
     """The keys of lock `name`: `corral:lock:report`, or a hashed form for any other name."""
     lock = _key(prefix, "lock", name)
-    return LockKeys(lock=lock, fence=_key(prefix, "fence", name), route=lock)
+    return LockKeys(lock=lock, queue=_key(prefix, "queue", name), route=lock)
+
+
+def place_id(lock_key: str, owner: str) -> str:
+    """The id under which `owner` waits in the queue of the lock stored at `lock_key`."""
+    return _digest(lock_key, owner)
+
+
+def place_key(prefix: str, place: str) -> str:
+    """The key whose TTL keeps a waiter's place alive while the waiter refreshes it."""
+    return f"{prefix}:place:{place}"
+
+
+def fence_key(prefix: str) -> str:
+    """The fencing counter: one per server and prefix, for every lock name."""
+    return f"{prefix}:fence"
 
 
 # -- TTLs and values --------------------------------------------------------------
@@ -374,6 +363,47 @@ class ReplyParser:
 # -- options and the URL ----------------------------------------------------------
 
 
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "prefix",
+        "`corral`",
+        "starts every key corral writes, so applications can share "
+        "one memcached without seeing each other's locks",
+        "app",
+    ),
+    Option(
+        "timeout",
+        "5",
+        "seconds one operation may take in all (waiting for a connection, "
+        "connecting, TLS, every round trip) before BackendUnavailable",
+        "2",
+    ),
+    Option(
+        "max_connections",
+        "no limit",
+        "connections per store and process; when all are "
+        "busy a caller waits for one, within `timeout`",
+        "4",
+    ),
+    Option(
+        "tls", "false", "TLS (memcached -Z), verifying the server against the system's CAs", "false"
+    ),
+    Option(
+        "tls_ca_file", "none", "the CA bundle that signed the server's certificate (implies TLS)"
+    ),
+    Option(
+        "tls_certfile",
+        "none",
+        "a client certificate, for a server that asks for one (ssl_verify_mode); implies TLS",
+    ),
+    Option("tls_keyfile", "none", "the client certificate's private key, if not in `tls_certfile`"),
+    Option(
+        "tls_context", "none", "a ready `ssl.SSLContext`, instead of the tls options", query=False
+    ),
+)
+"""The options `connect()` takes for memcached, in the URL's query or as keywords."""
+
+
 @dataclass(frozen=True, slots=True)
 class MemcachedOptions:
     host: str
@@ -393,9 +423,17 @@ class MemcachedOptions:
         return f"memcached://{user}{host}:{self.port}"
 
 
-_KEYWORD_ONLY = frozenset({"tls_context"})
-_TLS_FILES = ("tls_ca_file", "tls_certfile", "tls_keyfile")
-_OPTIONS = frozenset({"prefix", "timeout", "max_connections", "tls", *_TLS_FILES}) | _KEYWORD_ONLY
+def shown_url(url: str) -> str:
+    """`url` fit for messages: everything between `user:` and the last `@` becomes `***`.
+
+    Stricter than the shared `redact`, which cuts the host part at the first
+    `/`: a password with an unencoded `/`, `?` or `#` must not show either.
+    """
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, after = rest.rpartition("@")
+    if sep and at and ":" in userinfo:
+        return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{after}"
+    return redact(url)
 
 
 def parse_url(url: str, options: Mapping[str, object]) -> MemcachedOptions:
@@ -403,13 +441,20 @@ def parse_url(url: str, options: Mapping[str, object]) -> MemcachedOptions:
 
     Query options (`?timeout=2&tls=true`) exist so `CORRAL_URL` and `--url` can carry them.
     """
-    shown = redact(url)
+    shown = shown_url(url)
     try:
         parts = urlsplit(url)
-    except ValueError as exc:
-        raise ConfigError(f"{shown}: not a URL ({exc})") from None
+    except ValueError:
+        raise ConfigError(f"{shown}: not a URL (a bracket or bad character in the host?)") from None
     if parts.scheme.lower() != "memcached":
         raise ConfigError(f"{shown}: not a memcached:// URL")
+    if "@" in url.partition("://")[2] and "@" not in parts.netloc:
+        # A password with an unencoded '/', '?' or '#' ends the host part early, and its
+        # tail would be read as a path, an option or a port, and shown in messages.
+        raise ConfigError(
+            f"{shown}: '@' after the host: percent-encode '/', '?', '#' and '@' in the user "
+            "name, the password or option values (%2F, %3F, %23, %40)"
+        )
     if "," in parts.netloc:
         raise ConfigError(
             f"{shown}: several servers in one URL need client-side sharding, which this version "
@@ -421,8 +466,8 @@ def parse_url(url: str, options: Mapping[str, object]) -> MemcachedOptions:
         )
     try:
         host, port = parts.hostname, parts.port
-    except ValueError as exc:
-        raise ConfigError(f"{shown}: bad port ({exc})") from None
+    except ValueError:
+        raise ConfigError(f"{shown}: the port must be a number from 0 to 65535") from None
     if not host:
         raise ConfigError(f"{shown}: no host; write memcached://host:port")
     username = unquote(parts.username) if parts.username is not None else None
@@ -436,25 +481,11 @@ def parse_url(url: str, options: Mapping[str, object]) -> MemcachedOptions:
         raise ConfigError(f"{shown}: the user name must not contain spaces or line breaks")
     if password is not None and ("\n" in password or "\r" in password):
         raise ConfigError(f"{shown}: the password must not contain line breaks")
-
-    given: dict[str, object] = dict(options)
-    if parts.query:
-        try:
-            pairs = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=True)
-        except ValueError as exc:
-            raise ConfigError(f"{shown}: cannot parse the options after '?' ({exc})") from None
-        for key, value in pairs:
-            if key in _KEYWORD_ONLY:
-                raise ConfigError(f"{shown}: {key} can only be passed as a keyword argument")
-            if key in given:
-                raise ConfigError(f"{shown}: option {key!r} is given twice")
-            given[key] = value
-    unknown = sorted(set(given) - _OPTIONS)
-    if unknown:
-        raise ConfigError(
-            f"{shown}: unknown option(s) {', '.join(unknown)}; the memcached backend takes "
-            f"{', '.join(sorted(_OPTIONS))}"
-        )
+    in_query = {key for key, _ in parse_qsl(parts.query, keep_blank_values=True)}
+    for option in OPTIONS:
+        if not option.query and option.name in in_query:
+            raise ConfigError(f"{shown}: {option.name} can only be passed as a keyword argument")
+    given, _ = merge_options(shown, parts.query, options, OPTIONS, backend="memcached")
     try:
         return MemcachedOptions(
             host=host,
@@ -550,7 +581,7 @@ class _TooOld(Exception):
     """The server predates the meta protocol corral needs."""
 
 
-class _CasDisabled(Exception):
+class CasDisabled(Exception):
     """The server runs with -C: every CAS reads 0, so compare-and-swap cannot work."""
 
 
@@ -643,7 +674,7 @@ class _Pool:
         self._max_size = max_size
         self._closed = False
         self._reset()
-        _FORK_AWARE.add(self)
+        fork_aware(self)
 
     def _reset(self) -> None:
         self._pid = os.getpid()
@@ -723,81 +754,16 @@ class _Pool:
             conn.close()
 
 
-class AttemptTicket:
-    """An acquisition attempt in flight for one owner; its release waits until it is over.
-
-    The asyncio backend runs the attempt in a worker thread. If the waiting task
-    is cancelled, the lock logic releases the owner at once, while the thread may
-    still be about to `add` the lock: that release would find nothing and the lock
-    would stay held by an owner nobody knows until its TTL. So the ticket is taken
-    before the thread starts, the release waits for it, and an attempt whose
-    caller gave up before its thread started never runs.
-    """
-
-    def __init__(self, registry: _Attempts, name: str, owner: str) -> None:
-        self._registry = registry
-        self.name = name
-        self.owner = owner
-        self._mutex = threading.Lock()
-        self._started = False
-        self._over = False
-        self.done = threading.Event()
-
-    def start(self) -> bool:
-        """Called by the attempt: False if its caller already gave up (then it must not run)."""
-        with self._mutex:
-            if self._over:
-                return False
-            self._started = True
-            return True
-
-    def finish(self) -> None:
-        with self._mutex:
-            self._over = True
-        self._registry.remove(self)
-        self.done.set()
-
-    def abandon(self) -> None:
-        """Called by the caller when it stops waiting: a ticket never started is over."""
-        with self._mutex:
-            if self._started:
-                return  # the attempt finishes (and ends the ticket) on its own
-            self._over = True
-        self._registry.remove(self)
-        self.done.set()
+class _ForkAware(Protocol):
+    def after_fork(self) -> None: ...
 
 
-class _Attempts:
-    def __init__(self) -> None:
-        self._reset()
-        _FORK_AWARE.add(self)
-
-    def _reset(self) -> None:
-        self._mutex = threading.Lock()
-        self._tickets: dict[tuple[str, str], AttemptTicket] = {}
-
-    def after_fork(self) -> None:
-        self._reset()  # the child has no attempts in flight
-
-    def add(self, name: str, owner: str) -> AttemptTicket:
-        ticket = AttemptTicket(self, name, owner)
-        with self._mutex:
-            self._tickets[(name, owner)] = ticket
-        return ticket
-
-    def remove(self, ticket: AttemptTicket) -> None:
-        with self._mutex:
-            if self._tickets.get((ticket.name, ticket.owner)) is ticket:
-                del self._tickets[(ticket.name, ticket.owner)]
-
-    def wait(self, name: str, owner: str, timeout: float) -> None:
-        with self._mutex:
-            ticket = self._tickets.get((name, owner))
-        if ticket is not None:
-            ticket.done.wait(timeout)
+_FORK_AWARE: weakref.WeakSet[_ForkAware] = weakref.WeakSet()
 
 
-_FORK_AWARE: weakref.WeakSet[_Pool | _Attempts] = weakref.WeakSet()
+def fork_aware(item: _ForkAware) -> None:
+    """Call `item.after_fork()` in the child of every `fork` from now on."""
+    _FORK_AWARE.add(item)
 
 
 def _after_fork_in_child() -> None:
@@ -809,11 +775,17 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-# -- the primitives on one server -------------------------------------------------
+# -- one server -------------------------------------------------------------------
 
 
-class MemcachedLocks:
-    """The lock primitives on one memcached server; blocking, thread-safe, fork-safe."""
+class Call(Protocol):
+    """Send requests in one write on the operation's connection; one reply each."""
+
+    def __call__(self, *requests: bytes) -> list[Reply]: ...
+
+
+class MemcachedClient:
+    """Connections to one memcached server, and its failures as corral's errors."""
 
     def __init__(self, options: MemcachedOptions) -> None:
         self.options = options
@@ -821,9 +793,6 @@ class MemcachedLocks:
         self.timeout = options.timeout
         self.server = options.server
         self._pool = _Pool(self._open, options.max_connections)
-        self._attempts = _Attempts()
-
-    # -- connecting ---------------------------------------------------------------
 
     def _open(self, deadline: float) -> _Connection:
         o = self.options
@@ -848,7 +817,7 @@ class MemcachedLocks:
             # Refuse a server without CAS (-C) before anything is acquired on it.
             for setting in conn.call_until_end(deadline, b"stats settings\r\n"):
                 if setting.tokens == (b"cas_enabled", b"no"):
-                    raise _CasDisabled
+                    raise CasDisabled
             return conn
         except BaseException:
             with contextlib.suppress(OSError):
@@ -856,8 +825,13 @@ class MemcachedLocks:
             raise
 
     @contextlib.contextmanager
-    def _session(self, name: str, action: str) -> Iterator[Callable[..., list[Reply]]]:
-        """One connection for one whole operation, its errors as corral's; `timeout` bounds it."""
+    def session(self, name: str, action: str) -> Iterator[Call]:
+        """One connection for one whole operation, its errors as corral's; `timeout` bounds it.
+
+        Every round trip of an operation goes over this one connection, so a
+        compare-and-swap never compares a CAS read from one server process with
+        another's: a restart in between breaks the connection instead.
+        """
         deadline = time.monotonic() + self.timeout
         with self._errors(name, action), self._pool.connection(deadline) as conn:
 
@@ -884,7 +858,7 @@ class MemcachedLocks:
                 f"{'.'.join(map(str, MIN_VERSION))} for the meta protocol's compare-and-swap "
                 "(Debian 12 has 1.6.18)"
             ) from None
-        except _CasDisabled:
+        except CasDisabled:
             raise BackendError(
                 f"{where}: the server runs without CAS (memcached -C), so a release or extend "
                 "cannot check that the lock is still the caller's; restart it without -C"
@@ -954,173 +928,12 @@ class MemcachedLocks:
             )
         return BackendError(f"{where}: memcached answered {line!r}; check the server's logs")
 
-    def _foreign(self, name: str, key: str, value: bytes) -> BackendError:
+    def foreign(self, name: str, key: str, value: bytes) -> BackendError:
+        """The error for a value under our prefix that corral did not write."""
         return BackendError(
             f"lock {name!r} on {self.server}: {key} holds {value[:80]!r}, which corral did not "
             "write; another program uses the same key prefix (choose another prefix=)"
         )
-
-    # -- the primitives -----------------------------------------------------------
-
-    def begin_attempt(self, name: str, owner: str) -> AttemptTicket:
-        """Register an attempt before it runs; see `AttemptTicket`."""
-        return self._attempts.add(name, owner)
-
-    def try_acquire(self, ticket: AttemptTicket, ttl: float) -> Attempt:
-        """One acquisition attempt: `ms ME` (add), with a fencing token drawn after it.
-
-        See "Fencing tokens" in the module docstring for why the token is drawn after
-        the add and how the usual case still costs two round trips.
-        """
-        name, owner = ticket.name, ticket.owner
-        keys = lock_keys(self.prefix, name)
-        if not ticket.start():
-            return Attempt(False)  # the caller is gone; taking the lock now would orphan it
-        try:
-            seconds = server_ttl(ttl)
-            with self._session(name, "acquire") as call:
-                probe, fence = call(request("mg", keys.lock, "t"), request("mg", keys.fence, "v"))
-                if probe.code == b"HD":
-                    return Attempt(False, holder_ttl=_holder_ttl(probe))
-                if probe.code != b"EN":
-                    raise ProtocolError(f"unexpected reply {probe!r} to mg")
-                now_us = time.time_ns() // 1000
-                # The token our increment will return if nobody else draws one first; a
-                # missing counter is created at the time in microseconds (see the docstring).
-                expected = self._counter(name, keys, fence) + 1 if fence.code == b"VA" else now_us
-                added, counted, winner = call(
-                    request(
-                        "ms",
-                        keys.lock,
-                        "ME",
-                        "c",
-                        f"T{seconds}",
-                        data=encode_value(expected, owner),
-                    ),
-                    request("ma", keys.fence, "N0", f"J{now_us}", "v"),
-                    request("mg", keys.lock, "t"),
-                )
-                token = self._counter(name, keys, counted)
-                if added.code == b"NS":  # someone took it between the probe and the add
-                    held = winner.code == b"HD"
-                    return Attempt(False, holder_ttl=_holder_ttl(winner) if held else None)
-                if added.code != b"HD":
-                    raise ProtocolError(f"unexpected reply {added!r} to ms")
-                if token == expected:
-                    return Attempt(True, token=token)
-                # Another client drew a token between our read and our increment: it may
-                # even have acquired and released in between, with `expected`. Ours is
-                # `token`, drawn after our add; record it, if the lock is still ours.
-                (fixed,) = call(
-                    request(
-                        "ms",
-                        keys.lock,
-                        f"C{added.number('c')}",
-                        f"T{seconds}",
-                        data=encode_value(token, owner),
-                    )
-                )
-                if fixed.code == b"HD":
-                    return Attempt(True, token=token)
-                if fixed.code in (b"EX", b"NF"):
-                    return Attempt(False)  # evicted or freed since the add: not ours any more
-                raise ProtocolError(f"unexpected reply {fixed!r} to ms")
-        finally:
-            ticket.finish()
-
-    def _counter(self, name: str, keys: LockKeys, reply: Reply) -> int:
-        """The fencing counter's value from a `VA` reply to `mg` or `ma`."""
-        if reply.code != b"VA" or reply.value is None:
-            raise BackendError(
-                f"lock {name!r} on {self.server}: could not count the fencing token at "
-                f"{keys.fence} (memcached answered {reply.code.decode('ascii', 'replace')}; "
-                "out of memory?)"
-            )
-        if not reply.value.isdigit():
-            raise self._foreign(name, keys.fence, reply.value)
-        return int(reply.value)
-
-    def release(self, name: str, owner: str, hold_for: float = 0.0) -> Outcome:
-        """Compare-and-delete by owner; with `hold_for`, compare-and-set it ownerless that long."""
-        hold = server_ttl(hold_for, "hold_for") if hold_for > 0 else None
-        self._attempts.wait(name, owner, self.timeout)
-
-        def change(call: Callable[..., list[Reply]], key: str, token: int, cas: int) -> Reply:
-            if hold is None:
-                return call(request("md", key, f"C{cas}"))[0]
-            closed = encode_value(token, None)
-            return call(request("ms", key, f"C{cas}", f"T{hold}", data=closed))[0]
-
-        return self._compare_and(name, owner, "release", change)
-
-    def extend(self, name: str, owner: str, ttl: float) -> Outcome:
-        """Compare-and-set the same value with a new TTL, by owner."""
-        seconds = server_ttl(ttl)
-
-        def change(call: Callable[..., list[Reply]], key: str, token: int, cas: int) -> Reply:
-            value = encode_value(token, owner)
-            return call(request("ms", key, f"C{cas}", f"T{seconds}", data=value))[0]
-
-        return self._compare_and(name, owner, "extend", change)
-
-    def _compare_and(
-        self,
-        name: str,
-        owner: str,
-        action: str,
-        change: Callable[[Callable[..., list[Reply]], str, int, int], Reply],
-    ) -> Outcome:
-        """Read the lock with its CAS, check the owner, change it only if untouched since."""
-        keys = lock_keys(self.prefix, name)
-        with self._session(name, action) as call:
-            for _ in range(_CAS_RETRIES):
-                (found,) = call(request("mg", keys.lock, "v", "c"))
-                if found.code == b"EN":
-                    return Outcome.EXPIRED
-                if found.code != b"VA" or found.value is None:
-                    raise ProtocolError(f"unexpected reply {found!r} to mg")
-                decoded = decode_value(found.value)
-                if decoded is None:
-                    raise self._foreign(name, keys.lock, found.value)
-                token, holder = decoded
-                if holder != owner:
-                    return Outcome.LOST
-                cas = found.number("c")
-                if cas == 0:
-                    raise _CasDisabled
-                done = change(call, keys.lock, token, cas)
-                if done.code == b"HD":
-                    return Outcome.OK
-                if done.code == b"NF":
-                    return Outcome.EXPIRED  # expired between the read and the write
-                if done.code != b"EX":
-                    raise ProtocolError(f"unexpected reply {done!r} to a compare-and-swap")
-                # EX: changed since the read (this owner's own renewal, or a new holder).
-            raise BackendError(
-                f"lock {name!r} on {self.server}: could not {action} it: it kept changing "
-                f"between reading and writing ({_CAS_RETRIES} times); retry"
-            )
-
-    def inspect(self, name: str) -> LockInfo | None:
-        keys = lock_keys(self.prefix, name)
-        with self._session(name, "inspect") as call:
-            (found,) = call(request("mg", keys.lock, "v", "t"))
-        if found.code == b"EN":
-            return None
-        if found.code != b"VA" or found.value is None:
-            raise BackendError(f"lock {name!r} on {self.server}: unexpected reply {found!r}")
-        decoded = decode_value(found.value)
-        if decoded is None:
-            raise self._foreign(name, keys.lock, found.value)
-        token, owner = decoded
-        return LockInfo(name, owner, token, lease_left(found.number("t")))
-
-    def force_release(self, name: str) -> bool:
-        """A plain delete, whoever holds it: for operators (`corral release --force`)."""
-        keys = lock_keys(self.prefix, name)
-        with self._session(name, "force-release") as call:
-            (done,) = call(request("md", keys.lock))
-        return done.code == b"HD"
 
     def close(self) -> None:
         self._pool.close()
@@ -1131,9 +944,3 @@ def _check_version(reply: Reply) -> None:
     found = _VERSION.search(b" ".join(reply.tokens)) if reply.code == b"VERSION" else None
     if found is not None and tuple(int(n) for n in found.groups()) < MIN_VERSION:
         raise _TooOld(found.group(0).decode())
-
-
-def _holder_ttl(reply: Reply) -> float | None:
-    """The holder's remaining TTL in whole seconds, margin included: waiters never spin on it."""
-    remaining = reply.number("t")
-    return float(remaining) if remaining >= 0 else None

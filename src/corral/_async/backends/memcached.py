@@ -1,10 +1,11 @@
 """`memcached://host:port`: locks on one memcached server (>= 1.6.10, for the meta protocol).
 
-The keys, values, the meta protocol, the connections and the atomic steps live
-in `corral.backends.memcached_proto` (blocking, shared by both flavours; its
-docstring says why each is as it is, and why corral speaks the meta protocol
-itself instead of going through pymemcache). This class runs them off the
-event loop and wakes this process's waiters.
+The keys, values, the meta protocol and the connections live in
+`corral.backends.memcached_proto`, the atomic steps of each primitive and the
+waiting queue in `corral.backends.memcached_locks` (blocking, shared by both
+flavours; their docstrings say why each is as it is, and why corral speaks the
+meta protocol itself instead of going through pymemcache). This class runs
+them off the event loop and wakes this process's waiters.
 
 **Why a worker thread per call, not asyncio I/O.** The blocking flavour is
 generated from this file, so whatever this file awaits must have a blocking
@@ -16,16 +17,16 @@ default executor's threads. Every call is bounded by `timeout` inside the
 blocking code, so a worker thread never hangs on a dead server. The price:
 a cancelled call still finishes in its thread. For an acquisition attempt
 that matters (the lock logic then releases the attempt's owner, and that
-release must not overtake the `add`), so each attempt takes an
+release must not overtake the acquisition), so each attempt takes an
 `AttemptTicket` first; see there.
 
 memcached cannot push a release to other processes, so their waiters poll
 with the lock logic's capped, jittered backoff; releases made in this process
-wake its waiters at once through the local bus. `fair=True` is not offered.
-A ticket queue could be built from `ma` (take a number), heartbeat keys with
-short TTLs and CAS on a "now serving" counter, but skipping a dead head is a
-race between waiters, and an eviction of either counter silently reorders the
-queue: not the guarantee `fair=True` promises elsewhere.
+wake its waiters at once through the local bus. Fair locks and waiters that
+pass `queue_ttl` keep places in a queue built from memcached's atomic steps
+(see `corral.backends.memcached_locks`): in arrival order, each alive only
+while its waiter refreshes it, respected by every attempt; an eviction or a
+restart can reorder or forget the queue, never break exclusion.
 """
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ from typing import Any, ClassVar
 
 from corral._async._compat import run_sync
 from corral._async.backends.base import AsyncBackend
-from corral.backends.memcached_proto import MemcachedLocks, MemcachedOptions, parse_url
+from corral.backends.memcached_locks import MemcachedLocks
+from corral.backends.memcached_proto import OPTIONS, MemcachedOptions, parse_url
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock
+from corral.core.options import Option
 from corral.core.primitives import Attempt, LockInfo, Outcome
 from corral.errors import ConfigError
 
@@ -52,7 +55,7 @@ class AsyncMemcachedBackend(AsyncBackend):
         # One server does serialise every command on a key, but a lock can vanish
         # under a holder (eviction, restart), and nothing replicates it.
         linearizable=False,
-        fair=False,
+        fair=True,
         replicas=False,
         ttl_slack=3.0,
         ttl_clock=(
@@ -65,10 +68,8 @@ class AsyncMemcachedBackend(AsyncBackend):
         ),
         on_server_restart=(
             "a restart (unless graceful, in memcached's restartable mode -e) or flush_all "
-            "forgets every lock, so a holder can overlap with a new one; fencing tokens still "
-            "increase, as a lost "
-            "counter restarts at the current time in microseconds (a client's clock: keep "
-            "clocks in sync)"
+            "forgets every lock and queue, so a holder can overlap with a new one and waiters "
+            "rejoin in a new order; fencing tokens still increase (see fencing tokens)"
         ),
         on_partition=(
             "one server, no replication: a client cut off from it cannot acquire, extend or "
@@ -78,10 +79,28 @@ class AsyncMemcachedBackend(AsyncBackend):
         on_memory_pressure=(
             "a full memcached evicts least recently used items, held locks included: the lock "
             "silently frees and another process can acquire it while the first still works, "
-            "so only the fencing token protects downstream storage; give locks a memcached of "
-            "their own, or start it with -M, where a full server refuses new locks instead"
+            "so only the fencing token protects downstream storage; an evicted place or queue "
+            "only loses the order of waiting; give locks a memcached of their own, or start "
+            "it with -M, where a full server refuses new locks instead"
+        ),
+        fencing_tokens=(
+            "one counter per server and key prefix (`<prefix>:fence`), drawn (`ma`, atomic) by "
+            "every attempt in the round trip that finds the lock free; the lock is then taken by "
+            "compare-and-swap on the free state that round trip saw, so no acquisition can come "
+            "between the token and the lock. A "
+            "lost counter (restart, flush_all, eviction) restarts at the current time in "
+            "microseconds on the client that finds it missing: order across that loss needs "
+            "clocks in sync (NTP) and fewer than a million attempts a second on average"
+        ),
+        state_per_name=(
+            "nothing: a released lock is deleted, an expired one or one closed by hold_for "
+            "vanishes by ceil(ttl) + 2 s, the placeholder a free lock's probe leaves within "
+            "3 s, a waiter's place and the queue by ceil(queue_ttl) + 2 s after the last "
+            "refresh; one counter per server and prefix stays"
         ),
     )
+
+    url_options: ClassVar[tuple[Option, ...]] = OPTIONS
 
     def __init__(self, options: MemcachedOptions) -> None:
         super().__init__()
@@ -112,11 +131,9 @@ class AsyncMemcachedBackend(AsyncBackend):
     ) -> Attempt:
         if replicas:
             raise ConfigError(f"{self.server} does not support replicas=N")
-        if queue_ttl is not None:
-            raise ConfigError(f"{self.server} does not support fair=True locks")
         ticket = self._locks.begin_attempt(name, owner)
         try:
-            return await run_sync(self._locks.try_acquire, ticket, ttl)
+            return await run_sync(self._locks.try_acquire, ticket, ttl, queue_ttl)
         finally:
             ticket.abandon()  # if the attempt never started, it never will
 
@@ -137,6 +154,10 @@ class AsyncMemcachedBackend(AsyncBackend):
         if released:
             self.local_bus.notify(name)
         return released
+
+    async def leave_queue(self, name: str, owner: str) -> None:
+        if await run_sync(self._locks.leave_queue, name, owner):
+            self.local_bus.notify(name)  # the next in line may be waiting in this process
 
     async def aclose(self) -> None:
         await run_sync(self._locks.close)
