@@ -143,6 +143,19 @@ def test_tries_give_up_at_once_when_every_member_is_down() -> None:
     assert chosen is not None and chosen.pause == api.ROUND_PAUSE  # an election: pause
 
 
+def test_options_are_declared_and_the_password_is_never_shown() -> None:
+    assert [o.name for o in EtcdBackend.url_options] == [
+        "prefix",
+        "timeout",
+        "ca_file",
+        "cert_file",
+        "key_file",
+    ]
+    options = api.parse_url("etcd://alice:pw-secret@a:1?timeout=2", {"prefix": "app"})
+    assert (options.timeout, options.prefix, options.password) == (2.0, "app", "pw-secret")
+    assert "pw-secret" not in repr(options) and "pw-secret" not in options.server
+
+
 def test_errors_are_classified() -> None:
     def trouble(status: int, body: object) -> api.Trouble:
         return api.server_error(status, json.dumps(body).encode()).trouble

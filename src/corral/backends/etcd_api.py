@@ -31,10 +31,11 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
-from urllib.parse import parse_qsl, quote, unquote
+from urllib.parse import quote, unquote
 
+from corral.core.options import Option, merge_options
 from corral.core.validate import check_timeout
 from corral.errors import ConfigError
 
@@ -42,6 +43,7 @@ __all__ = [
     "DEFAULT_PORT",
     "DEFAULT_PREFIX",
     "DEFAULT_TIMEOUT",
+    "URL_OPTIONS",
     "Endpoints",
     "EtcdOptions",
     "Failure",
@@ -79,7 +81,32 @@ DEFAULT_PREFIX = "corral"
 DEFAULT_TIMEOUT = 5.0
 
 _TLS_OPTIONS = ("ca_file", "cert_file", "key_file")
-OPTIONS = ("prefix", "timeout", *_TLS_OPTIONS)
+
+URL_OPTIONS = (
+    Option(
+        "prefix",
+        f"`{DEFAULT_PREFIX}`",
+        "every key corral writes starts with `<prefix>/`: give each application its own",
+        "app",
+    ),
+    Option(
+        "timeout",
+        f"{DEFAULT_TIMEOUT:g}",
+        "seconds a call may take, over every member it asks, before BackendUnavailable",
+        "2.5",
+    ),
+    Option(
+        "ca_file",
+        "the system's CAs",
+        "PEM file of the CAs that sign the members' certificates (`etcds://` only)",
+    ),
+    Option(
+        "cert_file",
+        "none",
+        "PEM client certificate, for members started with `--client-cert-auth` (`etcds://`)",
+    ),
+    Option("key_file", "none", "the private key of `cert_file` (`etcds://`)"),
+)
 
 
 # -- the URL ----------------------------------------------------------------------
@@ -94,7 +121,7 @@ class EtcdOptions:
     server: str
     """The URL as shown in messages: every member, the user, never the password."""
     username: str | None = None
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)
     prefix: str = DEFAULT_PREFIX
     timeout: float = DEFAULT_TIMEOUT
     ca_file: str | None = None
@@ -168,22 +195,7 @@ def parse_url(url: str, options: Mapping[str, object]) -> EtcdOptions:
     if not host_list:
         raise ConfigError(f"{redact(url)}: name at least one member, as etcd://host:2379")
     members = [_host(part.strip(), url) for part in host_list.split(",")]
-    given: dict[str, object] = dict(options)
-    if query:
-        try:
-            pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=True)
-        except ValueError as exc:
-            raise ConfigError(f"{redact(url)}: cannot parse the options after '?' ({exc})") from exc
-        for key, value in pairs:
-            if key in given:
-                raise ConfigError(f"{redact(url)}: option {key!r} is given twice")
-            given[key] = value
-    unknown = sorted(set(given) - set(OPTIONS))
-    if unknown:
-        raise ConfigError(
-            f"{redact(url)}: unknown option(s) {', '.join(unknown)}; "
-            f"the etcd backend takes {', '.join(sorted(OPTIONS))}"
-        )
+    given, _ = merge_options(redact(url), query, options, URL_OPTIONS, backend="etcd")
     tls: dict[str, str] = {}
     for key in _TLS_OPTIONS:
         file = given.get(key)

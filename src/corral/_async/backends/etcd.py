@@ -115,6 +115,7 @@ from corral._async.backends.base import AsyncBackend, AsyncSubscribingWaiter, Fe
 from corral.backends import etcd_api as api
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock
+from corral.core.options import Option
 from corral.core.primitives import Attempt, LockInfo, Outcome
 from corral.errors import BackendError, BackendUnavailable, ConfigError
 
@@ -470,6 +471,7 @@ class AsyncEtcdBackend(AsyncBackend):
             "acquisitions fail with BackendError until it is compacted and defragmented"
         ),
     )
+    url_options: ClassVar[tuple[Option, ...]] = api.URL_OPTIONS
 
     def __init__(self, options: api.EtcdOptions, *, clock: Clock) -> None:
         super().__init__()

@@ -117,6 +117,7 @@ from corral._sync.backends.base import Backend, Feed, SubscribingWaiter
 from corral.backends import etcd_api as api
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock
+from corral.core.options import Option
 from corral.core.primitives import Attempt, LockInfo, Outcome
 from corral.errors import BackendError, BackendUnavailable, ConfigError
 
@@ -472,6 +473,7 @@ class EtcdBackend(Backend):
             "acquisitions fail with BackendError until it is compacted and defragmented"
         ),
     )
+    url_options: ClassVar[tuple[Option, ...]] = api.URL_OPTIONS
 
     def __init__(self, options: api.EtcdOptions, *, clock: Clock) -> None:
         super().__init__()
