@@ -143,6 +143,18 @@ def test_tries_give_up_at_once_when_every_member_is_down() -> None:
     assert chosen is not None and chosen.pause == api.ROUND_PAUSE  # an election: pause
 
 
+def test_any_str_is_a_key_and_long_names_are_hashed() -> None:
+    names = ["a", "a/b", "a%2Fb", "nul\x00", "lone \ud800", "\ud83d\ude00", "😀", "x" * 300]
+    scopes = [api.lock_keys("corral", n).scope for n in names]
+    assert len(set(scopes)) == len(names)  # one-to-one, surrogates included
+    assert api.lock_keys("corral", "x" * 300) == api.lock_keys("corral", "x" * 300)
+    long = api.lock_keys("corral", "x" * 300).scope
+    assert len(long) < 200 and b"%#" in long
+    assert api.lock_keys("corral", "x" * 300 + "!").scope != long
+    # A short name can never look like a cut one: "%" is always escaped.
+    assert b"%#" not in api.lock_keys("corral", "%#").scope
+
+
 def test_options_are_declared_and_the_password_is_never_shown() -> None:
     assert [o.name for o in EtcdBackend.url_options] == [
         "prefix",

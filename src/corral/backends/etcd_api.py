@@ -14,6 +14,10 @@ of another's (`a/` would otherwise cover `a/b/`). Under it: `holder`, the lock
 itself (its create revision is the fencing token), and `queue/<owner>`, one key
 per waiter of a fair lock. One watch on the lock's prefix therefore hears
 every release, expiry and queue departure of that lock and nothing else.
+etcd keys are bytes, so any `str` is a name: it is encoded as UTF-8 with lone
+surrogates kept (`surrogatepass`, which is one-to-one), and a name longer than
+`NAME_BYTES` is cut and followed by `%#` and the SHA-256 of the whole name
+(`%#` never occurs in an escaped name, so a cut name is never another name).
 
 **Why `holder` carries a JSON value.** `{"owner": ..., "ttl": ...}`: the owner
 for compare-by-owner and `lock_info`, `null` while `release(hold_for=...)`
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import base64
 import enum
+import hashlib
 import json
 import math
 import threading
@@ -57,6 +62,7 @@ __all__ = [
     "b64",
     "classify",
     "decode_answer",
+    "encode",
     "fair_first_txn",
     "fair_take_txn",
     "holder_value",
@@ -404,15 +410,29 @@ class LockKeys(NamedTuple):
     """Prefix of the fair waiters' keys, ordered by create revision."""
 
     def queue_key(self, owner: str) -> bytes:
-        return self.queue + owner.encode()
+        return self.queue + encode(owner)
 
 
-def _escape(name: str) -> str:
-    return name.replace("%", "%25").replace("/", "%2F")
+# Names whose escaped form is longer than this are cut and hashed, so that no request
+# carries a huge key several times (etcd refuses requests over 1.5 MiB by default).
+NAME_BYTES = 200
+_NAME_HEAD = 96
+
+
+def encode(text: str) -> bytes:
+    """Any `str` as bytes, one-to-one: UTF-8, with lone surrogates kept as such."""
+    return text.encode("utf-8", "surrogatepass")
+
+
+def _escape(name: str) -> bytes:
+    escaped = encode(name.replace("%", "%25").replace("/", "%2F"))
+    if len(escaped) <= NAME_BYTES:
+        return escaped
+    return escaped[:_NAME_HEAD] + b"%#" + hashlib.sha256(encode(name)).hexdigest().encode()
 
 
 def lock_keys(prefix: str, name: str) -> LockKeys:
-    scope = f"{prefix}/lock/{_escape(name)}/".encode()
+    scope = encode(f"{prefix}/lock/") + _escape(name) + b"/"
     return LockKeys(scope=scope, holder=scope + b"holder", queue=scope + b"queue/")
 
 
@@ -420,6 +440,7 @@ def lock_keys(prefix: str, name: str) -> LockKeys:
 
 
 def holder_value(owner: str | None, ttl: float) -> bytes:
+    # json.dumps escapes every non-ASCII character, lone surrogates included.
     return json.dumps({"owner": owner, "ttl": ttl}, separators=(",", ":")).encode()
 
 
@@ -506,7 +527,7 @@ def fair_first_txn(keys: LockKeys, owner: str, value: bytes, lease: int) -> dict
         "compare": [_compare(keys.holder, "CREATE", 0), _queue_empty(keys)],
         "success": [_put(keys.holder, value, lease)],
         "failure": [
-            _put(keys.queue_key(owner), owner.encode(), lease, prev_kv=True),
+            _put(keys.queue_key(owner), encode(owner), lease, prev_kv=True),
             _range(keys.holder),
         ],
     }
@@ -517,7 +538,7 @@ def place_txn(keys: LockKeys, owner: str, revision: int, lease: int) -> dict[str
     mine = keys.queue_key(owner)
     return {
         "compare": [_compare(mine, "CREATE", revision)],
-        "success": [_put(mine, owner.encode(), lease)],
+        "success": [_put(mine, encode(owner), lease)],
     }
 
 
