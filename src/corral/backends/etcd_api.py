@@ -19,6 +19,15 @@ surrogates kept (`surrogatepass`, which is one-to-one), and a name longer than
 `NAME_BYTES` is cut and followed by `%#` and the SHA-256 of the whole name
 (`%#` never occurs in an escaped name, so a cut name is never another name).
 
+**Every write can be sent twice.** A member may apply a request and then lose
+its answer (a timeout, a dropped connection), and the call asks another member.
+So every write either is idempotent or lets the caller recognise its own
+earlier success: leases are granted with an ID the client chose (a second grant
+answers "lease already exists"), the acquisition transactions read the holder
+when they fail (its owner and lease say whether it is this very attempt), and
+the moves of `extend` and `hold_for` read it too (the key already on the new
+lease).
+
 **Why `holder` carries a JSON value.** `{"owner": ..., "ttl": ...}`: the owner
 for compare-by-owner and `lock_info`, `null` while `release(hold_for=...)`
 keeps it closed; the TTL the holder asked for, because etcd leases count whole
@@ -33,6 +42,7 @@ import enum
 import hashlib
 import json
 import math
+import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -68,10 +78,11 @@ __all__ = [
     "holder_value",
     "lease_seconds",
     "lock_keys",
+    "maybe_applied",
     "move_txn",
+    "new_lease_id",
     "parse_holder",
     "parse_url",
-    "place_txn",
     "prefix_end",
     "put_revision",
     "range_request",
@@ -365,6 +376,17 @@ class Tries:
 # -- leases -------------------------------------------------------------------------
 
 
+def new_lease_id() -> int:
+    """A lease ID chosen by the client, so that a grant sent twice is recognised.
+
+    etcd takes the ID a grant names (refusing one that exists), and its own IDs
+    are its member ID and a counter: 62 random bits collide with neither in
+    practice, and a collision is only an answer "lease already exists" to a
+    first try, on which the caller picks another ID.
+    """
+    return secrets.randbits(62) | 1 << 62
+
+
 def lease_seconds(ttl: float) -> int:
     """The lease TTL to ask for: whole seconds, rounded up, at least 1.
 
@@ -508,37 +530,37 @@ def range_request(key: bytes) -> dict[str, Any]:
 
 
 def acquire_txn(keys: LockKeys, value: bytes, lease: int) -> dict[str, Any]:
-    """Create `holder` on `lease` if it does not exist, else read it."""
+    """Create `holder` on `lease` if it does not exist and nobody queues for it; else read it.
+
+    A live queue (a fair waiter, or a waiter the lock logic moved into the queue
+    after it waited too long) keeps every newcomer out; dead waiters' places go
+    with their short leases, so they stall nobody for long. With nobody queued,
+    the comparison over the empty queue range costs nothing more.
+    """
     return {
-        "compare": [_compare(keys.holder, "CREATE", 0)],
+        "compare": [_compare(keys.holder, "CREATE", 0), _queue_empty(keys)],
         "success": [_put(keys.holder, value, lease)],
         "failure": [_range(keys.holder)],
     }
 
 
-def fair_first_txn(keys: LockKeys, owner: str, value: bytes, lease: int) -> dict[str, Any]:
-    """A fair newcomer takes the lock at once if it is free and nobody queues; else it queues.
+def fair_first_txn(
+    keys: LockKeys, owner: str, value: bytes, lease: int, queue_lease: int
+) -> dict[str, Any]:
+    """A fair newcomer takes the lock if it is free and nobody queues; else it queues.
 
-    Queueing in this very transaction fixes its place as early as possible: its
-    arrival. The place is on `lease` (the lock lease it brought) only until the
-    caller moves it to a short queue lease, which it does next.
+    Its place is born on `queue_lease`, a short lease of its own, so a waiter that
+    dies at any moment holds its place only until that lease runs out. Sent a
+    second time, the put finds the place already there and keeps its create
+    revision (`prev_kv` tells it), so the place stays its first arrival.
     """
     return {
         "compare": [_compare(keys.holder, "CREATE", 0), _queue_empty(keys)],
         "success": [_put(keys.holder, value, lease)],
         "failure": [
-            _put(keys.queue_key(owner), encode(owner), lease, prev_kv=True),
+            _put(keys.queue_key(owner), encode(owner), queue_lease, prev_kv=True),
             _range(keys.holder),
         ],
-    }
-
-
-def place_txn(keys: LockKeys, owner: str, revision: int, lease: int) -> dict[str, Any]:
-    """Move `owner`'s queue key (created at `revision`) to `lease`; its place is kept."""
-    mine = keys.queue_key(owner)
-    return {
-        "compare": [_compare(mine, "CREATE", revision)],
-        "success": [_put(mine, encode(owner), lease)],
     }
 
 
@@ -635,6 +657,7 @@ class Trouble(enum.Enum):
     """What an error answer means for the caller."""
 
     LEASE_NOT_FOUND = "lease not found"
+    LEASE_EXISTS = "a lease with this ID exists already"
     ELSEWHERE = "this member cannot serve now (no leader, election, overload): ask another"
     BAD_TOKEN = "the auth token expired or is unknown: authenticate again"
     CREDENTIALS = "wrong user or password"
@@ -662,6 +685,8 @@ def classify(code: int | None, message: str) -> Trouble:
     text = message.lower()
     if code == _NOT_FOUND and "lease not found" in text:
         return Trouble.LEASE_NOT_FOUND
+    if "lease already exists" in text:
+        return Trouble.LEASE_EXISTS
     if code in (_CANCELLED, _UNAVAILABLE, _DEADLINE_EXCEEDED) or any(
         sign in text for sign in ("is closing", "server stopped", "no leader")
     ):
@@ -680,6 +705,17 @@ def classify(code: int | None, message: str) -> Trouble:
     if "space exceeded" in text or (code == _RESOURCE_EXHAUSTED and "space" in text):
         return Trouble.NO_SPACE
     return Trouble.OTHER
+
+
+def maybe_applied(message: str) -> bool:
+    """Whether a member that answered "cannot serve now" may still apply the request.
+
+    A proposal that timed out, or met a leader change or a shutdown, may commit
+    later; a request refused for want of a leader (the `hasleader` check) or of
+    capacity was never proposed.
+    """
+    text = message.lower()
+    return not any(sign in text for sign in ("no leader", "too many requests"))
 
 
 def server_error(status: int, body: bytes) -> ServerError:
