@@ -321,16 +321,21 @@ def test_tokens_are_revisions_increasing_across_names(store: corral.Store, name:
 
 
 def test_a_sub_second_lock_ends_at_its_ttl_while_its_holder_lives(
-    store: corral.Store, single: servers.EtcdServer, name: str
+    store: corral.Store, single: servers.EtcdServer, requests: list[str], name: str
 ) -> None:
     lock = store.lock(name, ttl=0.3)
     assert lock.acquire()
+    state = backend_of(store)._process
+    assert state is not None
+    lease = state.held[(name, lock.owner or "")]
+    assert lease.granted >= 2 and lease.deadline is not None  # the server's minimum lease
     info = store.lock_info(name)
     assert info is not None and info.ttl <= 0.3
     with corral.connect(single.url) as other:
-        began = time.monotonic()
         assert other.lock(name, ttl=10).acquire(wait=5)
-        assert time.monotonic() - began < 1.5  # not the server's 2 s minimum lease
+    # The holder's process ended the lease itself at the TTL (the server would have
+    # waited for its 2 s minimum).
+    assert lease.dead and "/v3/lease/revoke" in requests
     with pytest.raises(corral.LockLost):
         lock.release()
 
@@ -390,9 +395,7 @@ def test_the_watch_is_confirmed_before_the_waiter_returns(
         assert holder.acquire()
         with backend_of(store).waiter(name) as waiter:
             holder.release()  # from another store: only the watch can tell this one
-            began = time.monotonic()
             assert waiter.wait(10)
-            assert time.monotonic() - began < 2
 
 
 def test_a_dead_fair_waiter_cannot_stall_the_queue(
