@@ -14,6 +14,19 @@ of another's (`a/` would otherwise cover `a/b/`). Under it: `holder`, the lock
 itself (its create revision is the fencing token), and `queue/<owner>`, one key
 per waiter of a fair lock. One watch on the lock's prefix therefore hears
 every release, expiry and queue departure of that lock and nothing else.
+etcd keys are bytes, so any `str` is a name: it is encoded as UTF-8 with lone
+surrogates kept (`surrogatepass`, which is one-to-one), and a name longer than
+`NAME_BYTES` is cut and followed by `%#` and the SHA-256 of the whole name
+(`%#` never occurs in an escaped name, so a cut name is never another name).
+
+**Every write can be sent twice.** A member may apply a request and then lose
+its answer (a timeout, a dropped connection), and the call asks another member.
+So every write either is idempotent or lets the caller recognise its own
+earlier success: leases are granted with an ID the client chose (a second grant
+answers "lease already exists"), the acquisition transactions read the holder
+when they fail (its owner and lease say whether it is this very attempt), and
+the moves of `extend` and `hold_for` read it too (the key already on the new
+lease).
 
 **Why `holder` carries a JSON value.** `{"owner": ..., "ttl": ...}`: the owner
 for compare-by-owner and `lock_info`, `null` while `release(hold_for=...)`
@@ -26,15 +39,18 @@ from __future__ import annotations
 
 import base64
 import enum
+import hashlib
 import json
 import math
+import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
-from urllib.parse import parse_qsl, quote, unquote
+from urllib.parse import quote, unquote
 
+from corral.core.options import Option, merge_options
 from corral.core.validate import check_timeout
 from corral.errors import ConfigError
 
@@ -42,6 +58,7 @@ __all__ = [
     "DEFAULT_PORT",
     "DEFAULT_PREFIX",
     "DEFAULT_TIMEOUT",
+    "URL_OPTIONS",
     "Endpoints",
     "EtcdOptions",
     "Failure",
@@ -55,15 +72,17 @@ __all__ = [
     "b64",
     "classify",
     "decode_answer",
+    "encode",
     "fair_first_txn",
     "fair_take_txn",
     "holder_value",
     "lease_seconds",
     "lock_keys",
+    "maybe_applied",
     "move_txn",
+    "new_lease_id",
     "parse_holder",
     "parse_url",
-    "place_txn",
     "prefix_end",
     "put_revision",
     "range_request",
@@ -79,7 +98,32 @@ DEFAULT_PREFIX = "corral"
 DEFAULT_TIMEOUT = 5.0
 
 _TLS_OPTIONS = ("ca_file", "cert_file", "key_file")
-OPTIONS = ("prefix", "timeout", *_TLS_OPTIONS)
+
+URL_OPTIONS = (
+    Option(
+        "prefix",
+        f"`{DEFAULT_PREFIX}`",
+        "every key corral writes starts with `<prefix>/`: give each application its own",
+        "app",
+    ),
+    Option(
+        "timeout",
+        f"{DEFAULT_TIMEOUT:g}",
+        "seconds a call may take, over every member it asks, before BackendUnavailable",
+        "2.5",
+    ),
+    Option(
+        "ca_file",
+        "the system's CAs",
+        "PEM file of the CAs that sign the members' certificates (`etcds://` only)",
+    ),
+    Option(
+        "cert_file",
+        "none",
+        "PEM client certificate, for members started with `--client-cert-auth` (`etcds://`)",
+    ),
+    Option("key_file", "none", "the private key of `cert_file` (`etcds://`)"),
+)
 
 
 # -- the URL ----------------------------------------------------------------------
@@ -94,7 +138,7 @@ class EtcdOptions:
     server: str
     """The URL as shown in messages: every member, the user, never the password."""
     username: str | None = None
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)
     prefix: str = DEFAULT_PREFIX
     timeout: float = DEFAULT_TIMEOUT
     ca_file: str | None = None
@@ -168,22 +212,7 @@ def parse_url(url: str, options: Mapping[str, object]) -> EtcdOptions:
     if not host_list:
         raise ConfigError(f"{redact(url)}: name at least one member, as etcd://host:2379")
     members = [_host(part.strip(), url) for part in host_list.split(",")]
-    given: dict[str, object] = dict(options)
-    if query:
-        try:
-            pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=True)
-        except ValueError as exc:
-            raise ConfigError(f"{redact(url)}: cannot parse the options after '?' ({exc})") from exc
-        for key, value in pairs:
-            if key in given:
-                raise ConfigError(f"{redact(url)}: option {key!r} is given twice")
-            given[key] = value
-    unknown = sorted(set(given) - set(OPTIONS))
-    if unknown:
-        raise ConfigError(
-            f"{redact(url)}: unknown option(s) {', '.join(unknown)}; "
-            f"the etcd backend takes {', '.join(sorted(OPTIONS))}"
-        )
+    given, _ = merge_options(redact(url), query, options, URL_OPTIONS, backend="etcd")
     tls: dict[str, str] = {}
     for key in _TLS_OPTIONS:
         file = given.get(key)
@@ -347,6 +376,17 @@ class Tries:
 # -- leases -------------------------------------------------------------------------
 
 
+def new_lease_id() -> int:
+    """A lease ID chosen by the client, so that a grant sent twice is recognised.
+
+    etcd takes the ID a grant names (refusing one that exists), and its own IDs
+    are its member ID and a counter: 62 random bits collide with neither in
+    practice, and a collision is only an answer "lease already exists" to a
+    first try, on which the caller picks another ID.
+    """
+    return secrets.randbits(62) | 1 << 62
+
+
 def lease_seconds(ttl: float) -> int:
     """The lease TTL to ask for: whole seconds, rounded up, at least 1.
 
@@ -392,15 +432,29 @@ class LockKeys(NamedTuple):
     """Prefix of the fair waiters' keys, ordered by create revision."""
 
     def queue_key(self, owner: str) -> bytes:
-        return self.queue + owner.encode()
+        return self.queue + encode(owner)
 
 
-def _escape(name: str) -> str:
-    return name.replace("%", "%25").replace("/", "%2F")
+# Names whose escaped form is longer than this are cut and hashed, so that no request
+# carries a huge key several times (etcd refuses requests over 1.5 MiB by default).
+NAME_BYTES = 200
+_NAME_HEAD = 96
+
+
+def encode(text: str) -> bytes:
+    """Any `str` as bytes, one-to-one: UTF-8, with lone surrogates kept as such."""
+    return text.encode("utf-8", "surrogatepass")
+
+
+def _escape(name: str) -> bytes:
+    escaped = encode(name.replace("%", "%25").replace("/", "%2F"))
+    if len(escaped) <= NAME_BYTES:
+        return escaped
+    return escaped[:_NAME_HEAD] + b"%#" + hashlib.sha256(encode(name)).hexdigest().encode()
 
 
 def lock_keys(prefix: str, name: str) -> LockKeys:
-    scope = f"{prefix}/lock/{_escape(name)}/".encode()
+    scope = encode(f"{prefix}/lock/") + _escape(name) + b"/"
     return LockKeys(scope=scope, holder=scope + b"holder", queue=scope + b"queue/")
 
 
@@ -408,6 +462,7 @@ def lock_keys(prefix: str, name: str) -> LockKeys:
 
 
 def holder_value(owner: str | None, ttl: float) -> bytes:
+    # json.dumps escapes every non-ASCII character, lone surrogates included.
     return json.dumps({"owner": owner, "ttl": ttl}, separators=(",", ":")).encode()
 
 
@@ -475,37 +530,37 @@ def range_request(key: bytes) -> dict[str, Any]:
 
 
 def acquire_txn(keys: LockKeys, value: bytes, lease: int) -> dict[str, Any]:
-    """Create `holder` on `lease` if it does not exist, else read it."""
+    """Create `holder` on `lease` if it does not exist and nobody queues for it; else read it.
+
+    A live queue (a fair waiter, or a waiter the lock logic moved into the queue
+    after it waited too long) keeps every newcomer out; dead waiters' places go
+    with their short leases, so they stall nobody for long. With nobody queued,
+    the comparison over the empty queue range costs nothing more.
+    """
     return {
-        "compare": [_compare(keys.holder, "CREATE", 0)],
+        "compare": [_compare(keys.holder, "CREATE", 0), _queue_empty(keys)],
         "success": [_put(keys.holder, value, lease)],
         "failure": [_range(keys.holder)],
     }
 
 
-def fair_first_txn(keys: LockKeys, owner: str, value: bytes, lease: int) -> dict[str, Any]:
-    """A fair newcomer takes the lock at once if it is free and nobody queues; else it queues.
+def fair_first_txn(
+    keys: LockKeys, owner: str, value: bytes, lease: int, queue_lease: int
+) -> dict[str, Any]:
+    """A fair newcomer takes the lock if it is free and nobody queues; else it queues.
 
-    Queueing in this very transaction fixes its place as early as possible: its
-    arrival. The place is on `lease` (the lock lease it brought) only until the
-    caller moves it to a short queue lease, which it does next.
+    Its place is born on `queue_lease`, a short lease of its own, so a waiter that
+    dies at any moment holds its place only until that lease runs out. Sent a
+    second time, the put finds the place already there and keeps its create
+    revision (`prev_kv` tells it), so the place stays its first arrival.
     """
     return {
         "compare": [_compare(keys.holder, "CREATE", 0), _queue_empty(keys)],
         "success": [_put(keys.holder, value, lease)],
         "failure": [
-            _put(keys.queue_key(owner), owner.encode(), lease, prev_kv=True),
+            _put(keys.queue_key(owner), encode(owner), queue_lease, prev_kv=True),
             _range(keys.holder),
         ],
-    }
-
-
-def place_txn(keys: LockKeys, owner: str, revision: int, lease: int) -> dict[str, Any]:
-    """Move `owner`'s queue key (created at `revision`) to `lease`; its place is kept."""
-    mine = keys.queue_key(owner)
-    return {
-        "compare": [_compare(mine, "CREATE", revision)],
-        "success": [_put(mine, owner.encode(), lease)],
     }
 
 
@@ -602,6 +657,7 @@ class Trouble(enum.Enum):
     """What an error answer means for the caller."""
 
     LEASE_NOT_FOUND = "lease not found"
+    LEASE_EXISTS = "a lease with this ID exists already"
     ELSEWHERE = "this member cannot serve now (no leader, election, overload): ask another"
     BAD_TOKEN = "the auth token expired or is unknown: authenticate again"
     CREDENTIALS = "wrong user or password"
@@ -629,6 +685,8 @@ def classify(code: int | None, message: str) -> Trouble:
     text = message.lower()
     if code == _NOT_FOUND and "lease not found" in text:
         return Trouble.LEASE_NOT_FOUND
+    if "lease already exists" in text:
+        return Trouble.LEASE_EXISTS
     if code in (_CANCELLED, _UNAVAILABLE, _DEADLINE_EXCEEDED) or any(
         sign in text for sign in ("is closing", "server stopped", "no leader")
     ):
@@ -647,6 +705,17 @@ def classify(code: int | None, message: str) -> Trouble:
     if "space exceeded" in text or (code == _RESOURCE_EXHAUSTED and "space" in text):
         return Trouble.NO_SPACE
     return Trouble.OTHER
+
+
+def maybe_applied(message: str) -> bool:
+    """Whether a member that answered "cannot serve now" may still apply the request.
+
+    A proposal that timed out, or met a leader change or a shutdown, may commit
+    later; a request refused for want of a leader (the `hasleader` check) or of
+    capacity was never proposed.
+    """
+    text = message.lower()
+    return not any(sign in text for sign in ("no leader", "too many requests"))
 
 
 def server_error(status: int, body: bytes) -> ServerError:

@@ -30,6 +30,23 @@ last, until the call's `timeout` is spent, so a call fails with
 out a leader election that ends within it. When every member refuses the
 connection the call fails at once. The plan is `etcd_api.Tries`.
 
+**A request may be applied twice, or late.** A member can apply a write and
+lose its answer (a timeout, a dropped connection, a proposal that commits
+after the member said it timed out), and the call then asks again. Every
+write is therefore idempotent or recognised as this process's own: leases are
+granted with IDs chosen here (a grant sent twice answers "lease already
+exists"); a failed acquisition reads the holder, and the holder with this
+attempt's owner on this attempt's lease is this attempt's success; a move to
+a new lease (`extend` to another TTL, `hold_for`) that finds the key already
+on the new lease was applied; a revoke that finds its lease gone although the
+lease cannot have run out was applied. When a call gives up after a try that
+may still be applied (`_Trace`), what that try could have created cannot be
+used by anyone (its owner id was this attempt's): its lease is revoked in the
+background as soon as the cluster answers (`LeaseReaper.drop`), so an
+acquisition that failed with `BackendUnavailable` and committed later holds
+the lock only until then, not for its TTL. A request that reaches the cluster
+after that revoke finds its lease gone and changes nothing.
+
 **Round trips.** Leases are not part of etcd transactions, and a key must be
 attached to its lease when it is created (attached later, a crash in between
 would leave the lock held forever), so:
@@ -38,7 +55,10 @@ would leave the lock held forever), so:
 - failed attempt: the transaction, plus the holder's lease time-to-live (for
   `fail_fast` and to sleep until the expiry); the unused lease is kept for the
   waiter's next attempt, so a re-attempt that wins costs the transaction and a
-  keep-alive of that lease (restarting its count-down), never a new grant;
+  keep-alive of that lease (restarting its count-down), never a new grant. A
+  waiter that gives up without a word (the lock logic says nothing when an
+  unfair wait ends) leaves its lease unused: it is revoked in the background
+  `IDLE_AFTER` seconds after its last attempt;
 - release: 1, a lease revoke. The lease belongs to this acquisition alone, so
   revoking it is the compare-by-owner delete: it deletes our key if it is
   still ours and nothing else, and the deletion wakes the waiters. Only when
@@ -51,9 +71,18 @@ would leave the lock held forever), so:
 - `inspect`: 2 (read, lease time-to-live); `force_release`: 2 (read, revoke);
 - so an uncontended acquire + release cycle is 3 round trips;
 - fair locks: the same 2 for a newcomer to an idle lock; a newcomer that must
-  queue adds 2 (grant of its queue lease, a transaction moving its place onto
-  it) besides the holder's time-to-live; a queued waiter's attempt is one
-  transaction (plus a keep-alive of its queue lease at most every `queue_ttl/4`).
+  queue adds 2 (the grant of its queue lease, and a transaction that takes the
+  lock if it came free meanwhile, else queues on that lease) besides the
+  holder's time-to-live; a queued waiter's attempt is one transaction (plus a
+  keep-alive of its queue lease at most every `queue_ttl/4`). The queue lease,
+  unused once its waiter takes the lock, is revoked in the background.
+
+**Every attempt respects the queue.** Any acquisition, fair or not, takes the
+lock only if nobody queues for it: its transaction also compares the queue's
+key range, empty or not, which costs nothing more when it is empty. A waiter
+that the lock logic moves into the queue (one that waited too long, or a fair
+one) is therefore never passed by a newcomer; a dead one's place goes with its
+short lease.
 
 **Short and fractional TTLs.** etcd leases count whole seconds, and a cluster
 raises every lease to its minimum (1.5 election timeouts, rounded up: 2 s by
@@ -66,17 +95,22 @@ held until the server's lease runs out: the TTL rounded up to whole seconds,
 at least the cluster's minimum. Either way the holder itself stops trusting
 the lock after the TTL (the lock logic counts from before the request), so
 the early revoke never frees a lock its holder still believes it owns.
-`lock_info` reports at most the TTL the holder asked for.
+`lock_info` reports at most the TTL the holder asked for. The same holds for
+a fair waiter's place: a dead waiter's place lasts its queue lease, at least
+the cluster's minimum.
 
 **Fair locks** follow etcd's own election and lock recipes: a waiter puts a key
-under the lock's `queue/` prefix on a short lease that it refreshes while it
-waits (dead waiters' keys expire, so they cannot stall the queue), and the key
-with the lowest create revision goes first. A newcomer's first transaction
-takes the lock if it is free and nobody queues (the same two round trips as an
-unfair lock), else queues it at once, so its place is its arrival; the place
-then moves to its own short lease (grant, transaction). Taking a turn is one
-transaction that checks the lock is free, the waiter's key still exists and no
-older key does (nobody can queue ahead of an existing key).
+under the lock's `queue/` prefix on a short lease of its own that it refreshes
+while it waits (dead waiters' keys expire, so they cannot stall the queue),
+and the key with the lowest create revision goes first. A newcomer's first
+transaction takes the lock if it is free and nobody queues (the same two
+round trips as an unfair lock); if not, it is granted its queue lease and its
+next transaction queues it on that lease (or takes the lock, if it came free
+meanwhile with nobody queued). Its place is born on its own short lease, so
+there is no moment at which a waiter that dies holds a place for longer than
+that lease. Taking a turn is one transaction that checks the lock is free,
+the waiter's key still exists and no older key does (nobody can queue ahead
+of an existing key).
 
 **Watches.** A waiter watches its lock's prefix for deletions. One watch
 stream (one HTTP connection, read by one task or daemon thread) serves every
@@ -91,6 +125,11 @@ bidirectional HTTP stream), so a watch ends by closing its connection.
 and sends the token in the `Authorization` header; an expired token is renewed
 once per call. TLS: `etcds://` with `ca_file`, `cert_file`, `key_file`.
 
+**Closing** a store revokes the leases this process was granted and holds no
+lock with (waiters' unused leases, queue places, leases left to revoke in the
+background), within at most `CLOSE_WITHIN` seconds; the locks it still holds
+stay held until their TTLs, as on every backend.
+
 After `fork`, a child process uses none of its parent's connections, watch
 streams, leases or background workers: everything per process is rebuilt on
 first use.
@@ -99,6 +138,7 @@ first use.
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import math
 import os
@@ -117,6 +157,7 @@ from corral._sync.backends.base import Backend, Feed, SubscribingWaiter
 from corral.backends import etcd_api as api
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock
+from corral.core.options import Option
 from corral.core.primitives import Attempt, LockInfo, Outcome
 from corral.errors import BackendError, BackendUnavailable, ConfigError
 
@@ -127,6 +168,14 @@ log = logging.getLogger("corral.etcd")
 # A waiter's unused lease is reused for its next attempt while at least this much of it
 # is surely left; otherwise a new one is granted.
 LEASE_REUSE_MARGIN = 1.0
+# A waiter's unused lease is revoked this long after its last attempt: the lock logic
+# attempts again at least every second while it waits, so by then the waiter is gone.
+IDLE_AFTER = 5.0
+# A lease left to revoke (see `LeaseReaper.drop`) is tried again this often while the
+# cluster does not answer, for as long as the lease may live.
+DROP_RETRY = 1.0
+# How long closing a store may spend revoking the leases it leaves unused.
+CLOSE_WITHIN = 1.0
 # A server lease longer than the lock's TTL by more than this is ended early, at the TTL.
 EARLY_END = 0.001
 # A confirmed watch stream silent this long is replaced (its waiters watch again): a
@@ -149,7 +198,7 @@ class _Lease:
     granted: int
     """The TTL the server granted (whole seconds, at least its minimum)."""
     ttl: float
-    """The TTL of the lock (or hold) it carries."""
+    """The TTL of the lock (or hold, or queue place) it carries."""
     refreshed: float
     """Clock reading taken before it was granted or last kept alive."""
     deadline: float | None = None
@@ -169,6 +218,48 @@ class _Place:
     revision: int
 
 
+@dataclass(slots=True)
+class _Trace:
+    """What one call learnt about its tries: may one of them have been applied?
+
+    A try that timed out after sending, or whose connection broke before the
+    answer, or that a member answered with "timed out" (a proposal that may
+    still commit), may have been applied; a refused connection was not.
+    """
+
+    maybe_applied: bool = False
+
+
+@dataclass(slots=True)
+class _Tried:
+    """One acquisition transaction's result: the won attempt, else the holder it found."""
+
+    won: Attempt | None
+    holder: api.Holder | None = None
+
+
+class _Job(enum.Enum):
+    END = "end the lease of a held lock at the lock's TTL"
+    IDLE = "revoke a waiter's unused lease once the waiter is surely gone"
+    DROP = "revoke a lease nobody uses, at once, again while the cluster does not answer"
+
+
+@dataclass(slots=True, eq=False)
+class _Due:
+    """A lease the reaper revokes at `at`."""
+
+    job: _Job
+    lease: _Lease
+    name: str
+    at: float
+    waiter: tuple[str, str] | None = None
+    """IDLE: the (name, owner) whose unused lease it is, if it still is."""
+    until: float = 0.0
+    """DROP: give up trying after this (the lease has surely run out by then)."""
+    announce: bool = False
+    """DROP: the lease may carry a lock: wake this process's waiters once it is gone."""
+
+
 # Guards the creation of a backend's per-process state. A forked child gets a new one,
 # in case another thread of the parent held it at the fork.
 _STATE_MUTEX = threading.Lock()
@@ -184,6 +275,10 @@ os.register_at_fork(after_in_child=_new_state_mutex)
 
 class _LeaseNotFound(BackendError):
     """The lease named in a request no longer exists (expired or revoked)."""
+
+
+class _LeaseExists(BackendError):
+    """A grant named a lease ID that exists already."""
 
 
 def _describe(exc: BaseException) -> str:
@@ -213,68 +308,112 @@ class _ProcessState:
 
 
 class LeaseReaper:
-    """Ends, at the lock's own TTL, the leases of this process the server would keep longer.
+    """Revokes, in the background, the leases of this process that must end before the server
+    would end them.
 
-    One worker per backend and process, sleeping until the earliest deadline;
-    it exits when nothing is scheduled and is started again on demand. Its
-    table is guarded by the process state's mutex, which `extend` also takes,
-    so a renewal and an early end never both win.
+    Three jobs: a held lock's lease that outlasts the lock's TTL ends at the
+    TTL (`schedule`); a waiter's unused lease ends once the waiter is surely
+    gone (`idle`); a lease nobody uses, or one that a request that may still be
+    applied could have attached a key to, ends at once, and again while the
+    cluster does not answer (`drop`). One worker per backend and process,
+    sleeping until the earliest job; it exits when nothing is scheduled and is
+    started again on demand. Its table is guarded by the process state's
+    mutex, which `extend` and the acquisition also take, so a renewal and an
+    early end never both win, nor a reused lease and its idle revoke.
     """
 
     def __init__(self, backend: EtcdBackend, state: _ProcessState) -> None:
         self._backend = backend
         self._state = state
-        self._due: dict[int, tuple[_Lease, str]] = {}
+        self._due: dict[int, _Due] = {}
         self._wake = Event()
         self._worker: Worker | None = None
         self._closed = False
 
-    def schedule(self, lease: _Lease, name: str) -> None:
-        """(Re)schedule `lease` at its deadline, or forget it; call with the mutex held."""
-        if lease.deadline is None:
-            self._due.pop(lease.id, None)
-            return
-        self._due[lease.id] = (lease, name)
+    def _add(self, due: _Due) -> None:
+        self._due[due.lease.id] = due
         if not self._closed and (self._worker is None or not self._worker.alive()):
             self._worker = spawn(self._run, name="corral-etcd-reaper")
         self._wake.set()
 
+    def schedule(self, lease: _Lease, name: str) -> None:
+        """(Re)schedule a held lock's `lease` at its deadline, or forget it; hold the mutex."""
+        if lease.deadline is None:
+            self._due.pop(lease.id, None)
+            return
+        self._add(_Due(_Job.END, lease, name, lease.deadline))
+
+    def idle(self, lease: _Lease, name: str, waiter: tuple[str, str], now: float) -> None:
+        """Revoke `waiter`'s unused `lease` unless it is used again soon; hold the mutex."""
+        if lease.surely_left(now) > IDLE_AFTER:
+            self._add(_Due(_Job.IDLE, lease, name, now + IDLE_AFTER, waiter))
+
+    def drop(self, lease: _Lease, name: str, now: float, *, announce: bool = False) -> None:
+        """Revoke `lease` as soon as the cluster answers; hold the mutex."""
+        until = now + max(lease.granted, api.lease_seconds(lease.ttl)) + 1.0
+        self._add(_Due(_Job.DROP, lease, name, now, until=until, announce=announce))
+
     def cancel(self, lease: _Lease) -> None:
-        """Forget `lease`; call with the mutex held."""
+        """Forget `lease`; hold the mutex."""
         self._due.pop(lease.id, None)
 
     def _run(self) -> None:
         clock = self._backend.clock
         while True:
-            ending: list[tuple[_Lease, str]] = []
+            due: list[_Due] = []
             delay: float | None = None
             with self._state.mutex:
                 if self._closed or not self._due:
                     self._worker = None
                     return
                 now = clock.now()
-                for lease_id, (lease, name) in list(self._due.items()):
-                    assert lease.deadline is not None
-                    if lease.deadline <= now:
-                        del self._due[lease_id]
-                        lease.dead = True
-                        ending.append((lease, name))
-                    else:
-                        left = lease.deadline - now
+                for lease_id, job in list(self._due.items()):
+                    if job.at > now:
+                        left = job.at - now
                         delay = left if delay is None else min(delay, left)
-            for lease, name in ending:
-                self._backend._end_early(lease, name)
-            if not ending:
+                        continue
+                    del self._due[lease_id]
+                    if job.job is _Job.END:
+                        job.lease.dead = True
+                    elif job.job is _Job.IDLE:
+                        assert job.waiter is not None
+                        if self._state.pending.get(job.waiter) is not job.lease:
+                            continue  # used again meanwhile
+                        del self._state.pending[job.waiter]
+                    due.append(job)
+            # Locks first: their early end is what other processes may be waiting for.
+            due.sort(key=lambda job: job.job is not _Job.END)
+            unanswered = False
+            for job in due:
+                if job.job is _Job.END:
+                    self._backend._end_early(job.lease, job.name)
+                    continue
+                # Once the cluster did not answer, the rest wait for the next round rather
+                # than each wait out the timeout.
+                done = not unanswered and self._backend._revoke_unused(
+                    job.lease, job.name, job.announce
+                )
+                unanswered = unanswered or not done
+                retry = clock.now() + DROP_RETRY
+                if not done and job.job is _Job.DROP and retry < job.until:
+                    job.at = retry
+                    with self._state.mutex:
+                        self._due.setdefault(job.lease.id, job)
+            if not due:
                 self._wake.wait(delay)
                 self._wake.clear()
 
-    def close(self) -> None:
+    def close(self) -> list[_Lease]:
+        """Stop; return the leases it was still to revoke (not the held locks' early ends)."""
         with self._state.mutex:
             self._closed = True
             worker = self._worker
+            left = [job.lease for job in self._due.values() if job.job is not _Job.END]
+            self._due.clear()
         self._wake.set()
         if worker is not None:
             worker.join()
+        return left
 
 
 class WatchFeed:
@@ -471,7 +610,25 @@ class EtcdBackend(Backend):
             "never evicted; at its space quota etcd refuses writes (NOSPACE alarm) and "
             "acquisitions fail with BackendError until it is compacted and defragmented"
         ),
+        # A dead holder's (or waiter's) lease lasts its TTL rounded up to whole seconds,
+        # at least the cluster's minimum (2 s by default), plus up to the 0.5 s between
+        # the leader's expiry checks: at most 2.5 s past a TTL, with the default settings.
+        ttl_slack=2.5,
+        fencing_tokens=(
+            "the lock key's create revision: etcd's store revision, which every write to "
+            "the cluster raises and which never goes back (compaction keeps it, Raft keeps "
+            "it across restarts and leader changes), so tokens increase across all names; "
+            "only restoring an older snapshot or rebuilding the cluster from empty data "
+            "directories could issue a token again"
+        ),
+        state_per_name=(
+            "nothing of corral's: the lock's key goes with its lease (revoked at release, "
+            "else expired), a hold_for key with its own lease, a queue place with its short "
+            "lease, and waiters' unused leases are revoked; etcd keeps every old revision in "
+            "its history until the cluster is compacted (--auto-compaction-retention)"
+        ),
     )
+    url_options: ClassVar[tuple[Option, ...]] = api.URL_OPTIONS
 
     def __init__(self, options: api.EtcdOptions, *, clock: Clock) -> None:
         super().__init__()
@@ -491,6 +648,9 @@ class EtcdBackend(Backend):
         self._client_options["verify"] = _tls_context(options) if options.tls else False
         self._process: _ProcessState | None = None
         self._closed = False
+        # The cluster's minimum lease, once a grant has shown it (a grant answered only
+        # with "lease already exists" does not say what was granted).
+        self._lease_floor = 0
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock, **options: Any) -> EtcdBackend:
@@ -543,6 +703,8 @@ class EtcdBackend(Backend):
         trouble = error.trouble
         if trouble is api.Trouble.LEASE_NOT_FOUND:
             return _LeaseNotFound(where)
+        if trouble is api.Trouble.LEASE_EXISTS:
+            return _LeaseExists(where)
         if trouble is api.Trouble.CREDENTIALS:
             return BackendError(f"{where}; check the user and password in the URL")
         if trouble in (api.Trouble.AUTH_REQUIRED, api.Trouble.BAD_TOKEN):
@@ -573,16 +735,20 @@ class EtcdBackend(Backend):
         action: str,
         *,
         authenticate: bool = True,
+        trace: _Trace | None = None,
     ) -> dict[str, Any]:
         """One request, to the first member that answers it, within `deadline` (monotonic).
 
         Each member tried gets an equal share of the time left, so a member that
         does not answer cannot use up the whole call. The same request may reach
         the cluster twice (it was applied but the answer was lost, then another
-        member is asked): every caller recognises its own earlier success.
+        member is asked), or be applied after the call gave up: `trace` says
+        whether a try may have been, and every caller recognises its own earlier
+        success.
         """
         if self._closed:
             raise BackendError(f"{self._where(name, action)}: the store is closed")
+        trace = trace if trace is not None else _Trace()
         state = self._state()
         if authenticate:
             self._authenticate(state, deadline, name, action)
@@ -598,8 +764,21 @@ class EtcdBackend(Backend):
                 response = state.client.post(
                     self.endpoints.urls[index] + path, json=body, headers=headers, timeout=within
                 )
-            except httpx.TimeoutException:
+            except (httpx.ConnectTimeout, httpx.PoolTimeout):
                 tries.failed(index, api.Failure.SLOW, f" did not answer within {within:.2g} s")
+                continue
+            except httpx.TimeoutException:
+                trace.maybe_applied = True  # sent, and not answered in time
+                tries.failed(index, api.Failure.SLOW, f" did not answer within {within:.2g} s")
+                continue
+            except httpx.ConnectError as exc:
+                tries.failed(index, api.Failure.DOWN, f": {_describe(exc)}")
+                continue
+            except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError) as exc:
+                # The connection broke after the request went out: the member may have
+                # applied it, and may well answer the next try (it is not refusing).
+                trace.maybe_applied = True
+                tries.failed(index, api.Failure.BUSY, f": {_describe(exc)}")
                 continue
             except (httpx.HTTPError, OSError) as exc:
                 tries.failed(index, api.Failure.DOWN, f": {_describe(exc)}")
@@ -617,6 +796,8 @@ class EtcdBackend(Backend):
                     return answer
             error = api.server_error(response.status_code, response.content)
             if error.trouble is api.Trouble.ELSEWHERE:
+                if api.maybe_applied(error.message):
+                    trace.maybe_applied = True
                 tries.failed(index, api.Failure.BUSY, f": {error.message}")
                 continue
             if (
@@ -649,29 +830,74 @@ class EtcdBackend(Backend):
             return
         state.token = str(answer.get("token") or "")
 
-    def _txn(self, body: dict[str, Any], deadline: float, name: str, action: str) -> dict[str, Any]:
-        return self._post("/v3/kv/txn", body, deadline, name, action)
+    def _txn(
+        self,
+        body: dict[str, Any],
+        deadline: float,
+        name: str,
+        action: str,
+        trace: _Trace | None = None,
+    ) -> dict[str, Any]:
+        return self._post("/v3/kv/txn", body, deadline, name, action, trace=trace)
 
     def _grant(self, ttl: float, deadline: float, name: str, action: str) -> _Lease:
+        """A new lease for `ttl`, with an ID chosen here, so a grant sent twice is recognised."""
+        asked = api.lease_seconds(ttl)
         sent = self.clock.now()
-        answer = self._post(
-            "/v3/lease/grant", {"TTL": str(api.lease_seconds(ttl))}, deadline, name, action
+        lease_id = api.new_lease_id()
+        for _ in range(3):
+            trace = _Trace()
+            body = {"TTL": str(asked), "ID": str(lease_id)}
+            try:
+                answer = self._post("/v3/lease/grant", body, deadline, name, action, trace=trace)
+            except _LeaseExists:
+                if trace.maybe_applied:
+                    # An earlier try of this very grant was applied before its answer was lost.
+                    granted = self._granted(lease_id, asked, deadline, name, action)
+                    return _Lease(lease_id, granted, ttl, sent)
+                lease_id = api.new_lease_id()  # someone else's: another ID
+                continue
+            except BaseException as exc:
+                if trace.maybe_applied or not isinstance(exc, Exception):
+                    # Applied, or cancelled on its way: revoke what it may yet create.
+                    self._drop(_Lease(lease_id, asked, ttl, sent), name)
+                raise
+            granted_id, granted = int(answer.get("ID", 0)), int(answer.get("TTL", 0))
+            if granted_id != lease_id or granted <= 0:
+                raise BackendError(
+                    f"{self._where(name, action)}: etcd granted no usable lease "
+                    f"({answer.get('error') or answer}); check the members' logs"
+                )
+            if granted > asked:
+                self._lease_floor = max(self._lease_floor, granted)
+            return _Lease(lease_id, granted, ttl, sent)
+        raise BackendError(
+            f"{self._where(name, action)}: etcd refused three lease IDs as taken; check the "
+            "members' logs"
         )
-        lease_id, granted = int(answer.get("ID", 0)), int(answer.get("TTL", 0))
-        if lease_id == 0 or granted <= 0:
-            raise BackendError(
-                f"{self._where(name, action)}: etcd granted no usable lease "
-                f"({answer.get('error') or answer}); check the members' logs"
-            )
-        return _Lease(lease_id, granted, ttl, sent)
+
+    def _granted(self, lease_id: int, asked: int, deadline: float, name: str, action: str) -> int:
+        """The TTL granted to a lease whose grant's answer was lost: the cluster raises it to
+        its minimum, which an earlier grant may have shown, else the lease itself says."""
+        if self._lease_floor:
+            return max(asked, self._lease_floor)
+        answer = self._post("/v3/lease/timetolive", {"ID": str(lease_id)}, deadline, name, action)
+        return max(asked, int(answer.get("grantedTTL", 0)))
 
     def _keepalive(self, lease_id: int, deadline: float, name: str, action: str) -> int:
         """Restart a lease's count-down; its TTL, or 0 when the lease is gone."""
         answer = self._post("/v3/lease/keepalive", {"ID": str(lease_id)}, deadline, name, action)
         return int((answer.get("result") or {}).get("TTL", 0))
 
-    def _revoke(self, lease_id: int, deadline: float, name: str, action: str) -> None:
-        self._post("/v3/lease/revoke", {"ID": str(lease_id)}, deadline, name, action)
+    def _revoke(
+        self,
+        lease_id: int,
+        deadline: float,
+        name: str,
+        action: str,
+        trace: _Trace | None = None,
+    ) -> None:
+        self._post("/v3/lease/revoke", {"ID": str(lease_id)}, deadline, name, action, trace=trace)
 
     def _revoke_quietly(self, lease_id: int, deadline: float, name: str) -> None:
         """Revoke a lease nothing depends on any more; if that fails it expires on its own."""
@@ -679,6 +905,22 @@ class EtcdBackend(Backend):
             self._revoke(lease_id, deadline, name, "clean up after")
         except BackendError as exc:
             log.debug("lease %x of lock %r was left to expire: %s", lease_id, name, exc)
+
+    def _revoke_unused(self, lease: _Lease, name: str, announce: bool) -> bool:
+        """The reaper's revoke of a lease nobody uses; False when it should be tried again."""
+        try:
+            self._revoke(lease.id, self._deadline(), name, "clean up after")
+        except _LeaseNotFound:
+            return True
+        except BackendUnavailable as exc:
+            log.debug("lease %x of lock %r not revoked yet: %s", lease.id, name, exc)
+            return False
+        except BackendError as exc:
+            log.debug("lease %x of lock %r was left to expire: %s", lease.id, name, exc)
+            return True
+        if announce:
+            self.local_bus.notify(name)
+        return True
 
     def _holder(self, kv: dict[str, Any] | None, name: str) -> api.Holder | None:
         if kv is None:
@@ -688,8 +930,8 @@ class EtcdBackend(Backend):
         except (ValueError, TypeError, KeyError) as exc:
             key = api.lock_keys(self.prefix, name).holder.decode(errors="replace")
             raise BackendError(
-                f"lock {name!r} on {self.server}: the key {key} holds a value corral did not "
-                f"write ({exc}); another program uses the same keys (choose another prefix=)"
+                f"lock {name!r} on {self.server}: the key {key!r} holds a value corral did "
+                f"not write ({exc}); another program uses the same keys (choose another prefix=)"
             ) from exc
 
     def _read_holder(self, name: str, deadline: float, action: str) -> api.Holder | None:
@@ -717,6 +959,12 @@ class EtcdBackend(Backend):
 
     def _deadline(self) -> float:
         return time.monotonic() + self.timeout
+
+    def _drop(self, lease: _Lease, name: str, *, announce: bool = False) -> None:
+        """Have the reaper revoke `lease`, which nobody uses (or may carry an orphaned key)."""
+        state = self._state()
+        with state.mutex:
+            self._reaper(state).drop(lease, name, self.clock.now(), announce=announce)
 
     def _prune(self, state: _ProcessState, now: float) -> None:
         """Forget leases the server has surely expired: unused ones and queue places of
@@ -749,26 +997,32 @@ class EtcdBackend(Backend):
         start = self.clock.now()
         state = self._state()
         keys = api.lock_keys(self.prefix, name)
+        value = api.holder_value(owner, ttl)
         self._prune(state, start)
+
+        def unfair(lease_id: int) -> dict[str, Any]:
+            return api.acquire_txn(keys, value, lease_id)
+
         if queue_ttl is None:
-
-            def unfair(value: bytes, lease_id: int) -> dict[str, Any]:
-                return api.acquire_txn(keys, value, lease_id)
-
-            return self._attempt(state, name, owner, ttl, deadline, unfair)
+            tried = self._attempt(state, name, owner, ttl, deadline, unfair)
+            return tried.won or self._missed(tried.holder, deadline, name)
         place = self._refresh_place(state, name, owner, queue_ttl, start, deadline)
-        if place is None:
+        if place is not None:
+            revision = place.revision
 
-            def first(value: bytes, lease_id: int) -> dict[str, Any]:
-                return api.fair_first_txn(keys, owner, value, lease_id)
+            def take(lease_id: int) -> dict[str, Any]:
+                return api.fair_take_txn(keys, owner, value, lease_id, revision)
 
-            return self._attempt(state, name, owner, ttl, deadline, first, queue_ttl)
-        revision = place.revision
+            tried = self._attempt(state, name, owner, ttl, deadline, take, place=place)
+            return tried.won or self._missed(tried.holder, deadline, name)
+        # A newcomer: an idle lock with nobody queued is taken as any lock is.
+        tried = self._attempt(state, name, owner, ttl, deadline, unfair)
+        if tried.won is not None:
+            return tried.won
+        return self._queue(state, name, owner, ttl, queue_ttl, deadline)
 
-        def take(value: bytes, lease_id: int) -> dict[str, Any]:
-            return api.fair_take_txn(keys, owner, value, lease_id, revision)
-
-        return self._attempt(state, name, owner, ttl, deadline, take, None, place)
+    def _missed(self, holder: api.Holder | None, deadline: float, name: str) -> Attempt:
+        return Attempt(False, holder_ttl=self._seconds_left(holder, deadline, name, "acquire"))
 
     def _attempt(
         self,
@@ -777,56 +1031,89 @@ class EtcdBackend(Backend):
         owner: str,
         ttl: float,
         deadline: float,
-        build: Callable[[bytes, int], dict[str, Any]],
-        queue_ttl: float | None = None,
+        build: Callable[[int], dict[str, Any]],
+        *,
+        queue: _Lease | None = None,
         place: _Place | None = None,
-    ) -> Attempt:
+    ) -> _Tried:
         """One acquisition transaction on a lease (the waiter's unused one, else a new one).
 
-        With `queue_ttl`, the transaction is a fair newcomer's, which queues when it
-        fails; with `place`, it is a queued waiter's turn.
+        With `queue`, it is a fair newcomer's transaction, which queues on that
+        lease when it fails; with `place`, it is a queued waiter's turn. A
+        transaction whose answer was lost may have been applied: one sent again
+        finds the holder with this owner on this lease (its own success), and
+        one the call gave up on leaves its lease to the reaper, which revokes
+        whatever it may have created.
         """
         key = (name, owner)
         with state.mutex:
             lease = state.pending.pop(key, None)
+            if lease is not None:
+                self._reaper(state).cancel(lease)
         fresh = (
             lease is None
             or lease.ttl != ttl
             or lease.surely_left(self.clock.now()) < LEASE_REUSE_MARGIN
         )
+        if lease is not None and fresh:
+            self._drop(lease, name)
         if lease is None or fresh:
             lease = self._grant(ttl, deadline, name, "acquire")
-        value = api.holder_value(owner, ttl)
+        trace = _Trace()
         try:
-            answer = self._txn(build(value, lease.id), deadline, name, "acquire")
-        except _LeaseNotFound:
-            if fresh:
+            try:
+                answer = self._txn(build(lease.id), deadline, name, "acquire", trace)
+            except _LeaseNotFound:
+                if fresh:
+                    raise
+                # The kept lease ran out on the server sooner than expected: take a new one.
+                lease, fresh = self._grant(ttl, deadline, name, "acquire"), True
+                trace = _Trace()
+                answer = self._txn(build(lease.id), deadline, name, "acquire", trace)
+            found = api.txn_ranges(answer)
+            holder = self._holder(found[0] if found else None, name)
+        except BaseException as exc:
+            maybe = trace.maybe_applied or not isinstance(exc, Exception)
+            if maybe:
+                # It may hold the lock (or a place) for an owner nobody will use again.
+                self._drop(lease, name, announce=True)
+            elif not isinstance(exc, _LeaseNotFound):
+                self._keep_for_next_attempt(state, key, lease, name)
+            if queue is not None:
+                self._drop(queue, name, announce=maybe)
+            raise
+        # The holder with this owner on this lease: an earlier try of this very request
+        # was applied, and its answer lost.
+        mine = holder is not None and holder.owner == owner and holder.lease == lease.id
+        if api.txn_succeeded(answer) or mine:
+            token = holder.token if mine and holder is not None else api.txn_revision(answer)
+            if place is not None:
+                self._leave_place(state, key, place)
+                self._drop(place.lease, name)  # its key went in the same transaction
+            if queue is not None:
+                self._drop(queue, name)  # unused, or holding a place a retry queued
+            try:
+                return _Tried(self._took(state, name, owner, lease, fresh, token))
+            except BaseException:
+                self._drop(lease, name, announce=True)  # held, but by nobody who knows
                 raise
-            # The kept lease ran out on the server sooner than expected: take a new one.
-            lease, fresh = self._grant(ttl, deadline, name, "acquire"), True
-            answer = self._txn(build(value, lease.id), deadline, name, "acquire")
-        if api.txn_succeeded(answer):
-            if place is not None:
-                self._leave_place(state, key, place)
-            return self._took(state, name, owner, lease, fresh, api.txn_revision(answer))
-        found = api.txn_ranges(answer)
-        holder = self._holder(found[0] if found else None, name)
-        if holder is not None and holder.owner == owner and holder.lease == lease.id:
-            # An earlier try of this very request was applied before its answer was lost.
-            if place is not None:
-                self._leave_place(state, key, place)
-            return self._took(state, name, owner, lease, fresh, holder.token)
-        with state.mutex:
-            state.pending[key] = lease  # for this waiter's next attempt
-        if queue_ttl is not None:
-            revision = api.put_revision(answer)
-            self._settle_place(state, name, owner, queue_ttl, revision, deadline)
+        self._keep_for_next_attempt(state, key, lease, name)
+        if queue is not None:
+            with state.mutex:
+                state.places[key] = _Place(queue, api.put_revision(answer))
         if place is not None:
-            mine = found[1] if len(found) > 1 else None
-            if mine is None or int(mine.get("create_revision", 0)) != place.revision:
+            queued = found[1] if len(found) > 1 else None
+            if queued is None or int(queued.get("create_revision", 0)) != place.revision:
                 self._leave_place(state, key, place)  # the place expired: queue again next time
-        left = self._seconds_left(holder, deadline, name, "acquire")
-        return Attempt(False, holder_ttl=left)
+        return _Tried(None, holder)
+
+    def _keep_for_next_attempt(
+        self, state: _ProcessState, key: tuple[str, str], lease: _Lease, name: str
+    ) -> None:
+        """Keep a waiter's unused lease for its next attempt, and revoke it if none comes."""
+        with state.mutex:
+            state.pending[key] = lease
+            self._reaper(state).idle(lease, name, key, self.clock.now())
 
     def _took(
         self,
@@ -854,6 +1141,30 @@ class EtcdBackend(Backend):
 
     # -- fair queue ---------------------------------------------------------------------
 
+    def _queue(
+        self,
+        state: _ProcessState,
+        name: str,
+        owner: str,
+        ttl: float,
+        queue_ttl: float,
+        deadline: float,
+    ) -> Attempt:
+        """Queue a fair newcomer on a short lease of its own (or take the lock, come free).
+
+        The place is born on that lease: a waiter that dies at any moment holds
+        it only until the lease runs out, never for the lock's TTL.
+        """
+        keys = api.lock_keys(self.prefix, name)
+        value = api.holder_value(owner, ttl)
+        queue = self._grant(queue_ttl, deadline, name, "queue for")
+
+        def first(lease_id: int) -> dict[str, Any]:
+            return api.fair_first_txn(keys, owner, value, lease_id, queue.id)
+
+        tried = self._attempt(state, name, owner, ttl, deadline, first, queue=queue)
+        return tried.won or self._missed(tried.holder, deadline, name)
+
     def _refresh_place(
         self,
         state: _ProcessState,
@@ -878,33 +1189,7 @@ class EtcdBackend(Backend):
         place.lease.refreshed = start
         return place
 
-    def _settle_place(
-        self,
-        state: _ProcessState,
-        name: str,
-        owner: str,
-        queue_ttl: float,
-        revision: int,
-        deadline: float,
-    ) -> None:
-        """Move a new place (queued on the lock lease it came with) to a short lease of its own.
-
-        Until then a waiter that dies would hold its place for the lock's TTL rather
-        than `queue_ttl`: a window of one round trip.
-        """
-        keys = api.lock_keys(self.prefix, name)
-        lease = self._grant(queue_ttl, deadline, name, "queue for")
-        answer = self._txn(
-            api.place_txn(keys, owner, revision, lease.id), deadline, name, "queue for"
-        )
-        if not api.txn_succeeded(answer):
-            self._revoke_quietly(lease.id, deadline, name)
-            return  # the place is gone already: the next attempt queues again
-        with state.mutex:
-            state.places[(name, owner)] = _Place(lease, revision)
-
     def _leave_place(self, state: _ProcessState, key: tuple[str, str], place: _Place) -> None:
-        # Its queue key is gone (taken or expired); the unattached lease expires by itself.
         with state.mutex:
             if state.places.get(key) is place:
                 del state.places[key]
@@ -914,14 +1199,13 @@ class EtcdBackend(Backend):
         with state.mutex:
             place = state.places.pop((name, owner), None)
             unused = state.pending.pop((name, owner), None)
-        deadline = self._deadline()
+            if unused is not None:
+                self._reaper(state).drop(unused, name, self.clock.now())
         if place is not None:
             # Revoking the place's lease deletes its key, which wakes the waiters behind.
             with contextlib.suppress(_LeaseNotFound):
-                self._revoke(place.lease.id, deadline, name, "leave the queue of")
+                self._revoke(place.lease.id, self._deadline(), name, "leave the queue of")
             self.local_bus.notify(name)
-        if unused is not None:
-            self._revoke_quietly(unused.id, deadline, name)
 
     # -- release, extend ----------------------------------------------------------------
 
@@ -931,15 +1215,26 @@ class EtcdBackend(Backend):
         key = (name, owner)
         with state.mutex:
             lease = state.held.pop(key, None)
-            state.pending.pop(key, None)
+            unused = state.pending.pop(key, None)
+            if unused is not None:
+                self._reaper(state).drop(unused, name, self.clock.now())
         if hold_for > 0:
             return self._hold(state, name, owner, lease, hold_for, deadline)
         if lease is None:
             return self._release_by_owner(name, owner, deadline)
+        trace = _Trace()
         try:
-            self._revoke(lease.id, deadline, name, "release")
+            self._revoke(lease.id, deadline, name, "release", trace)
         except _LeaseNotFound:
-            gone = True
+            # Gone although it cannot have run out: an earlier try of this revoke was
+            # applied (or, in the same instant, a force-release freed it: free either way).
+            mine = trace.maybe_applied and not lease.dead
+            gone = not (mine and lease.surely_left(self.clock.now()) > 0)
+        except BaseException:
+            # The handle forgets the lock (the lock logic does too); the reaper frees it
+            # as soon as the cluster answers, else its lease runs out.
+            self._drop(lease, name, announce=True)
+            raise
         else:
             gone = False
         # Only now: until the revoke is through, the reaper still ends a short lease at its TTL.
@@ -959,10 +1254,12 @@ class EtcdBackend(Backend):
             return Outcome.EXPIRED
         if holder.owner != owner:
             return Outcome.LOST
+        trace = _Trace()
         try:
-            self._revoke(holder.lease, deadline, name, "release")
+            self._revoke(holder.lease, deadline, name, "release", trace)
         except _LeaseNotFound:
-            return Outcome.EXPIRED  # it ran out between the read and the revoke
+            if not trace.maybe_applied:
+                return Outcome.EXPIRED  # it ran out between the read and the revoke
         self.local_bus.notify(name)
         return Outcome.OK
 
@@ -989,12 +1286,23 @@ class EtcdBackend(Backend):
         keys = api.lock_keys(self.prefix, name)
         hold = self._grant(hold_for, deadline, name, "release")
         value = api.holder_value(None, hold_for)
-        move = api.move_txn(keys, current, value, hold.id)
-        answer = self._txn(move, deadline, name, "release")
-        if not api.txn_succeeded(answer):
+        trace = _Trace()
+        try:
+            answer = self._txn(
+                api.move_txn(keys, current, value, hold.id), deadline, name, "release", trace
+            )
+        except BaseException as exc:
+            if not trace.maybe_applied and isinstance(exc, Exception):
+                self._drop(hold, name)  # not applied: the hold lease carries nothing
+            # Else the lock is closed on the hold lease or still on its own: either way
+            # it opens when that lease runs out.
+            raise
+        found = api.txn_ranges(answer)
+        holder = self._holder(found[0] if found else None, name)
+        if not api.txn_succeeded(answer) and (holder is None or holder.lease != hold.id):
             self._revoke_quietly(hold.id, deadline, name)
-            found = api.txn_ranges(answer)
-            return Outcome.EXPIRED if self._holder(found[0], name) is None else Outcome.LOST
+            return Outcome.EXPIRED if holder is None else Outcome.LOST
+        # (Else applied, maybe by an earlier try whose answer was lost.)
         hold.refreshed = start
         if hold_for < hold.granted - EARLY_END:
             hold.deadline = start + hold_for
@@ -1031,16 +1339,54 @@ class EtcdBackend(Backend):
                     lease.deadline = start + ttl
                 self._reaper(state).schedule(lease, name)
             return Outcome.OK
-        # A lease's TTL is fixed when it is granted: move the key to a new lease.
+        return self._move(state, name, owner, lease, ttl, deadline, start)
+
+    def _move(
+        self,
+        state: _ProcessState,
+        name: str,
+        owner: str,
+        lease: _Lease,
+        ttl: float,
+        deadline: float,
+        start: float,
+    ) -> Outcome:
+        """Extend to another TTL: a lease's TTL is fixed at its grant, so move the key to a
+        new lease (the put keeps its create revision, so the token stays)."""
+        key = (name, owner)
         keys = api.lock_keys(self.prefix, name)
         new = self._grant(ttl, deadline, name, "extend")
         value = api.holder_value(owner, ttl)
-        move = api.move_txn(keys, lease.id, value, new.id)
-        answer = self._txn(move, deadline, name, "extend")
-        if not api.txn_succeeded(answer):
-            self._revoke_quietly(new.id, deadline, name)
+        current = lease.id
+        for _ in range(2):
+            trace = _Trace()
+            try:
+                answer = self._txn(
+                    api.move_txn(keys, current, value, new.id), deadline, name, "extend", trace
+                )
+            except BaseException as exc:
+                if trace.maybe_applied or not isinstance(exc, Exception):
+                    # The key is on one lease or the other: forget the record, so the
+                    # next extend or release finds the lease by owner.
+                    with state.mutex:
+                        if state.held.get(key) is lease:
+                            del state.held[key]
+                else:
+                    self._drop(new, name)
+                raise
             found = api.txn_ranges(answer)
-            return Outcome.EXPIRED if self._holder(found[0], name) is None else Outcome.LOST
+            holder = self._holder(found[0] if found else None, name)
+            if api.txn_succeeded(answer) or (holder is not None and holder.lease == new.id):
+                break  # applied (maybe by an earlier try whose answer was lost)
+            if holder is None or holder.owner != owner:
+                self._revoke_quietly(new.id, deadline, name)
+                return Outcome.EXPIRED if holder is None else Outcome.LOST
+            # Ours, on another lease: an earlier move that was given up on was applied
+            # late. Move it from there.
+            current = holder.lease
+        else:
+            self._revoke_quietly(new.id, deadline, name)
+            return Outcome.LOST
         new.refreshed = start
         if ttl < new.granted - EARLY_END:
             new.deadline = start + ttl
@@ -1050,7 +1396,8 @@ class EtcdBackend(Backend):
             if state.held.get(key) in (lease, None):
                 state.held[key] = new
             reaper.schedule(new, name)
-        self._revoke_quietly(lease.id, deadline, name)
+        for old in dict.fromkeys((current, lease.id)):
+            self._revoke_quietly(old, deadline, name)
         return Outcome.OK
 
     def _end_early(self, lease: _Lease, name: str) -> None:
@@ -1080,6 +1427,7 @@ class EtcdBackend(Backend):
         holder = self._read_holder(name, deadline, "force-release")
         if holder is None:
             return False
+        trace = _Trace()
         if holder.lease == 0:
             keys = api.lock_keys(self.prefix, name)
             body = {
@@ -1093,15 +1441,18 @@ class EtcdBackend(Backend):
                 ],
                 "success": [{"request_delete_range": {"key": api.b64(keys.holder)}}],
             }
-            released = api.txn_succeeded(self._txn(body, deadline, name, "force-release"))
+            answer = self._txn(body, deadline, name, "force-release", trace)
+            # A compare that fails after an unanswered try: that try deleted it.
+            released = api.txn_succeeded(answer) or trace.maybe_applied
         else:
             try:
                 # The lease belongs to that one acquisition: revoking it frees exactly the
                 # holder just read, and tells it so at its next extend or release.
-                self._revoke(holder.lease, deadline, name, "force-release")
+                self._revoke(holder.lease, deadline, name, "force-release", trace)
                 released = True
             except _LeaseNotFound:
-                released = False  # it ran out on its own meanwhile
+                # It ran out on its own meanwhile, unless an unanswered try revoked it.
+                released = trace.maybe_applied
         if released:
             self.local_bus.notify(name)
         return released
@@ -1174,22 +1525,47 @@ class EtcdBackend(Backend):
         feed.stop()
 
     def close(self) -> None:
-        self._closed = True
         state = self._process
         if state is None or state.pid != os.getpid():
+            self._closed = True
             return  # nothing opened, or the parent's: a forked child leaves them alone
         with state.mutex:
             feeds = list(state.feeds.values())
             state.feeds.clear()
             reaper = state.reaper
+            unused = list(state.pending.values()) + [p.lease for p in state.places.values()]
+            state.pending.clear()
+            state.places.clear()
         for feed in feeds:
             feed.stop()
         if reaper is not None:
-            reaper.close()
+            unused += reaper.close()
+        self._revoke_unused_at_close(unused)
+        self._closed = True
         for feed in feeds:
             feed.join()
         state.client.close()
         state.watch_client.close()
+
+    def _revoke_unused_at_close(self, leases: list[_Lease]) -> None:
+        """Revoke the leases no lock of this store uses, rather than leave them to run out.
+
+        Queue places go too (their waiters are gone with the store). At most
+        `CLOSE_WITHIN` seconds, and nothing more once the cluster does not answer:
+        the leases run out by themselves anyway.
+        """
+        deadline = time.monotonic() + min(self.timeout, CLOSE_WITHIN)
+        now = self.clock.now()
+        for lease in {lease.id: lease for lease in leases}.values():
+            if lease.surely_left(now) <= 0 or time.monotonic() >= deadline:
+                continue
+            try:
+                self._revoke(lease.id, deadline, "", "clean up after closing")
+            except _LeaseNotFound:
+                continue
+            except BackendError as exc:
+                log.debug("leases left to expire on closing: %s", exc)
+                return
 
 
 def _tls_context(options: api.EtcdOptions) -> ssl.SSLContext:
