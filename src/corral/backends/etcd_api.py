@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 from urllib.parse import quote, unquote
 
+from corral.backends import registry
 from corral.core.options import Option, merge_options
 from corral.core.validate import check_timeout
 from corral.errors import ConfigError
@@ -151,16 +152,8 @@ class EtcdOptions:
 
 
 def redact(url: str) -> str:
-    """The URL with its password hidden; unlike `registry.redact` it copes with host lists."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    netloc, slash, tail = rest.partition("/")
-    netloc, question, query = netloc.partition("?")
-    userinfo, at, hosts = netloc.rpartition("@")
-    if at and ":" in userinfo:
-        netloc = f"{userinfo.split(':', 1)[0]}:***@{hosts}"
-    return f"{scheme}://{netloc}{question}{query}{slash}{tail}"
+    """The URL with its password hidden (host lists included)."""
+    return registry.redact(url)
 
 
 def _host(text: str, url: str) -> tuple[str, int]:
@@ -194,6 +187,7 @@ def parse_url(url: str, options: Mapping[str, object]) -> EtcdOptions:
     scheme = scheme.lower()
     if not sep or scheme not in ("etcd", "etcds"):
         raise ConfigError(f"{redact(url)}: not an etcd:// or etcds:// URL")
+    registry.check_userinfo(url, redact(url))
     rest, _, query = rest.partition("?")
     netloc, _, path = rest.partition("/")
     if path:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from corral.errors import ConfigError
 
-__all__ = ["BACKENDS", "BackendSpec", "default_url", "redact", "resolve"]
+__all__ = ["BACKENDS", "BackendSpec", "check_userinfo", "default_url", "redact", "resolve"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,11 +80,30 @@ def redact(url: str) -> str:
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
-    # The user info ends at the last "@" before the query: a password may hold a "/"
-    # that was not percent-encoded, so the first "/" does not end it.
-    before_query, question, query = rest.partition("?")
-    userinfo, at, after = before_query.rpartition("@")
+    # A password may hold a "/", "?" or "#" that was not percent-encoded, so only the
+    # last "@" surely ends the user info. When an "@" follows one of those characters
+    # it is ambiguous (a password, or an "@" in a path or query): hide it all, since
+    # showing too little beats showing a password.
+    userinfo, at, after = rest.rpartition("@")
     if at and ":" in userinfo:
-        before_query = f"{userinfo.split(':', 1)[0]}:***@{after}"
+        rest = f"{userinfo.split(':', 1)[0]}:***@{after}"
+    before_query, question, query = rest.partition("?")
     query = re.sub(r"(?i)((?:ssl)?password=)[^&]*", r"\1***", query)
     return f"{scheme}://{before_query}{question}{query}"
+
+
+def check_userinfo(url: str, shown: str) -> None:
+    """Refuse a URL whose user info holds an unencoded "/", "?" or "#".
+
+    Such a password ends the host part early for every URL parser: the client
+    would connect somewhere else and show the password's tail as a host, a path
+    or an option. Says so without quoting any part of it.
+    """
+    rest = url.partition("://")[2]
+    first = min((i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0), default=-1)
+    if first >= 0 and "@" in rest[first:]:
+        raise ConfigError(
+            f"{shown}: an '@' comes after the host part: if it belongs to a user name or "
+            "password, percent-encode the reserved characters in them ('@' as %40, '/' as "
+            "%2F, '?' as %3F, '#' as %23, ':' in a user name as %3A)"
+        )

@@ -44,7 +44,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from corral._async._compat import Event, Lock, Worker, spawn
 from corral._async.backends.base import AsyncBackend, AsyncSubscribingWaiter, Feed
 from corral.backends import redis_scripts as scripts
-from corral.backends.registry import redact
+from corral.backends.registry import check_userinfo, redact
 from corral.core import forks
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock
@@ -422,6 +422,7 @@ class AsyncRedisBackend(AsyncBackend):
         redis-py never gets (nor crashes on) an option it does not know.
         """
         shown = redact(url)
+        check_userinfo(url, shown)
         base, _, query = url.partition("?")
         given, _ = merge_options(shown, query, options, cls.url_options, backend="redis")
         scheme = base.partition("://")[0].lower()
