@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import signal
 import threading
@@ -16,6 +17,7 @@ import corral.aio
 from corral._sync import renewer as sync_renewer
 from corral.errors import LockError
 from tests._async.delayed import delayed
+from tests.conftest import capabilities
 
 
 async def eventually_free(store: corral.aio.AsyncStore, name: str, deadline: float = 20.0) -> bool:
@@ -239,3 +241,82 @@ def test_an_interruption_between_the_grant_and_acquire_returning_takes_it_back(
         assert store.lock_info(name) is None
         assert lock.acquire()  # the handle is usable again
         lock.release()
+
+
+async def test_wait_zero_is_refused_at_once_while_a_woken_waiter_takes_over(
+    backend_url: str, name: str
+) -> None:
+    async with corral.aio.connect(backend_url) as store:
+        lock = store.lock(name, ttl=30)
+        assert await lock.acquire()
+        waiting = asyncio.create_task(lock.acquire(wait=None))
+        await asyncio.sleep(0.1)
+        await lock.release()  # hands the handle to `waiting`, which has not run yet
+        # One attempt, no waiting: refused at once, not queued behind `waiting`.
+        assert await asyncio.wait_for(lock.acquire(wait=0), 10) is False
+        assert await waiting
+        await lock.release()
+
+
+def test_event_loops_that_renewed_locks_are_not_kept(backend_url: str, name: str) -> None:
+    """Programs that call asyncio.run() per job must not keep every finished loop."""
+    from corral._async import renewer as async_renewer
+
+    async def job() -> None:
+        async with corral.aio.connect(backend_url) as store:
+            lock = store.lock(name, ttl=30, auto_renew=True)
+            assert await lock.acquire()
+            await lock.release()
+
+    for _ in range(5):
+        asyncio.run(job())
+    gc.collect()
+    assert len(async_renewer._RENEWERS) == 0
+
+
+@pytest.mark.capability("cross_process")
+def test_a_dropped_auto_renewed_handle_stops_being_renewed(
+    backend_name: str, backend_url: str, name: str
+) -> None:
+    """Nobody can release a handle nobody can reach: renewing it would hold it forever."""
+    with corral.connect(backend_url) as store:
+        lock = store.lock(name, ttl=0.6, auto_renew=True)
+        assert lock.acquire()
+        del lock
+        gc.collect()
+        deadline = time.monotonic() + 0.6 + capabilities(backend_name).ttl_slack + 5
+        while store.lock_info(name) is not None:
+            assert time.monotonic() < deadline, "still renewed"
+            time.sleep(0.1)
+
+
+@pytest.mark.capability("cross_process")
+def test_closing_a_store_while_a_thread_waits_starts_nothing_new(
+    backend_url: str, name: str
+) -> None:
+    store = corral.connect(backend_url)
+    holder = corral.connect(backend_url)
+    try:
+        assert holder.lock(name, ttl=30).acquire()
+        outcome: list[BaseException | bool] = []
+
+        def wait() -> None:
+            try:
+                outcome.append(store.lock(name, ttl=30).acquire(wait=20))
+            except BaseException as exc:
+                outcome.append(exc)
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        time.sleep(0.5)
+        before = {t.ident for t in threading.enumerate()}
+        store.close()
+        waiter.join(30)
+        assert not waiter.is_alive()
+        assert outcome and outcome[0] is not True  # it did not get the lock after the close
+        time.sleep(0.5)
+        started = [t.name for t in threading.enumerate() if t.ident not in before]
+        assert not [n for n in started if "corral" in n], started
+    finally:
+        holder.force_release(name)
+        holder.close()

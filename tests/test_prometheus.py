@@ -34,3 +34,27 @@ async def test_collector_reads_an_asyncio_store_too() -> None:
         corral.prometheus.register(store, registry, namespace="app")
         assert await store.lock("job", ttl=10).acquire()
         assert 'app_lock_acquisitions_total{store="memory://async-metrics"} 1.0' in scrape(registry)
+
+
+def test_several_stores_share_one_registry_and_one_family_per_metric() -> None:
+    registry = CollectorRegistry()
+    with corral.connect("memory://first") as first, corral.connect("memory://second") as second:
+        corral.prometheus.register(first, registry)
+        corral.prometheus.register(second, registry)
+        assert first.lock("a", ttl=10).acquire()
+        assert second.lock("b", ttl=10).acquire()
+        assert second.lock("c", ttl=10).acquire()
+        text = scrape(registry)
+    assert text.count("# TYPE corral_lock_acquisitions_total counter") == 1
+    assert text.count("# TYPE corral_lock_wait_seconds histogram") == 1
+    assert 'corral_lock_acquisitions_total{store="memory://first"} 1.0' in text
+    assert 'corral_lock_acquisitions_total{store="memory://second"} 2.0' in text
+
+
+def test_the_default_registry_takes_several_stores() -> None:
+    from prometheus_client import REGISTRY
+
+    with corral.connect("memory://one") as one, corral.connect("memory://two") as two:
+        corral.prometheus.register(one)
+        corral.prometheus.register(two)  # no DuplicateTimeseries
+        assert 'store="memory://two"' in generate_latest(REGISTRY).decode()

@@ -11,12 +11,15 @@
 
 The collector reads `store.stats()` at each scrape, so it costs nothing
 between scrapes and always agrees with what the store itself reports. Works
-with blocking and asyncio stores alike. Metrics carry a `store` label (the
-store's URL, password removed), so several stores can share one registry.
+with blocking and asyncio stores alike. Register as many stores as you like:
+each metric is one family, with a sample per store (label `store`: the
+store's URL, password removed).
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
@@ -35,7 +38,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra ins
         "corral.prometheus needs prometheus_client: pip install 'corral[prometheus]'"
     ) from exc
 
-__all__ = ["StoreCollector", "register"]
+__all__ = ["StoresCollector", "register"]
 
 
 class _HasStats(Protocol):
@@ -45,49 +48,87 @@ class _HasStats(Protocol):
     def stats(self) -> dict[str, Any]: ...
 
 
-def _histogram(
-    name: str, documentation: str, snapshot: Mapping[str, Any], labels: dict[str, str]
-) -> HistogramMetricFamily:
-    family = HistogramMetricFamily(name, documentation, labels=list(labels))
-    buckets = [(bound, float(count)) for bound, count in snapshot["buckets"].items()]
-    family.add_metric(list(labels.values()), buckets, float(snapshot["sum"]))
-    return family
+def _add_histograms(into: dict[str, Any] | None, more: Mapping[str, Any]) -> dict[str, Any]:
+    if into is None:
+        return {"sum": more["sum"], "buckets": dict(more["buckets"])}
+    into["sum"] += more["sum"]
+    for bound, count in more["buckets"].items():
+        into["buckets"][bound] = into["buckets"].get(bound, 0) + count
+    return into
 
 
-class StoreCollector(Collector):
-    """A Prometheus collector over one store's `stats()`."""
+class StoresCollector(Collector):
+    """One Prometheus collector for every store registered in one registry and namespace.
 
-    def __init__(self, store: _HasStats, namespace: str = "corral") -> None:
-        self._store = store
+    Each metric is one family with a sample per store (label `store`) and, for
+    caches, per namespace: Prometheus refuses a metric name exposed twice.
+    Stores on the same URL are added up. Stores are held weakly: a store that
+    is gone is no longer reported.
+    """
+
+    def __init__(self, namespace: str = "corral") -> None:
         self._namespace = namespace
+        self._stores: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def add(self, store: _HasStats) -> None:
+        self._stores.add(store)
 
     def collect(self) -> Iterator[Metric]:
-        stats = self._store.stats()
-        store = {"store": self._store.server}
-        prefix = f"{self._namespace}_lock"
-        locks = stats["locks"]
-        for counter, documentation in LOCK_COUNTERS.items():
-            family = CounterMetricFamily(f"{prefix}_{counter}", documentation, labels=["store"])
-            family.add_metric([store["store"]], float(locks[counter]))
-            yield family
-        for histogram, documentation in LOCK_HISTOGRAMS.items():
-            yield _histogram(f"{prefix}_{histogram}", documentation, locks[histogram], store)
-        for namespace, metrics in stats.get("caches", {}).items():
-            labels = {**store, "namespace": namespace}
-            for metric, value in metrics.items():
-                name = f"{self._namespace}_cache_{metric}"
+        counters: dict[tuple[str, tuple[str, ...]], float] = {}
+        histograms: dict[tuple[str, tuple[str, ...]], dict[str, Any]] = {}
+        labels_of: dict[str, list[str]] = {}
+        docs: dict[str, str] = {}
+        for store in list(self._stores):
+            stats = store.stats()
+            for name, value in stats["locks"].items():
+                metric = f"{self._namespace}_lock_{name}"
+                labels_of[metric] = ["store"]
+                docs[metric] = {**LOCK_COUNTERS, **LOCK_HISTOGRAMS}.get(name, name)
+                key: tuple[str, tuple[str, ...]] = (metric, (store.server,))
                 if isinstance(value, Mapping):
-                    yield _histogram(name, f"cache {metric}", value, labels)
+                    histograms[key] = _add_histograms(histograms.get(key), value)
                 else:
-                    family = CounterMetricFamily(name, f"cache {metric}", labels=list(labels))
-                    family.add_metric(list(labels.values()), float(value))
-                    yield family
+                    counters[key] = counters.get(key, 0.0) + float(value)
+            for namespace, metrics in stats.get("caches", {}).items():
+                for name, value in metrics.items():
+                    metric = f"{self._namespace}_cache_{name}"
+                    labels_of[metric] = ["store", "namespace"]
+                    docs[metric] = f"cache {name}"
+                    key = (metric, (store.server, namespace))
+                    if isinstance(value, Mapping):
+                        histograms[key] = _add_histograms(histograms.get(key), value)
+                    else:
+                        counters[key] = counters.get(key, 0.0) + float(value)
+        for metric in sorted({m for m, _ in counters}):
+            family = CounterMetricFamily(metric, docs[metric], labels=labels_of[metric])
+            for (name, labels), value in sorted(counters.items()):
+                if name == metric:
+                    family.add_metric(list(labels), value)
+            yield family
+        for metric in sorted({m for m, _ in histograms}):
+            histogram = HistogramMetricFamily(metric, docs[metric], labels=labels_of[metric])
+            for (name, labels), value in sorted(histograms.items()):
+                if name == metric:
+                    buckets = [(bound, float(count)) for bound, count in value["buckets"].items()]
+                    histogram.add_metric(list(labels), buckets, float(value["sum"]))
+            yield histogram
+
+
+_COLLECTORS: weakref.WeakKeyDictionary[CollectorRegistry, dict[str, StoresCollector]] = (
+    weakref.WeakKeyDictionary()
+)
+_MUTEX = threading.Lock()
 
 
 def register(
     store: _HasStats, registry: CollectorRegistry = REGISTRY, namespace: str = "corral"
-) -> StoreCollector:
-    """Add a collector for `store` to `registry` (the default one unless given)."""
-    collector = StoreCollector(store, namespace)
-    registry.register(collector)
+) -> StoresCollector:
+    """Report `store` in `registry` (the default one unless given); any number of stores."""
+    with _MUTEX:
+        collectors = _COLLECTORS.setdefault(registry, {})
+        collector = collectors.get(namespace)
+        if collector is None:
+            collector = collectors[namespace] = StoresCollector(namespace)
+            registry.register(collector)
+    collector.add(store)
     return collector

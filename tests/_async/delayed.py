@@ -60,7 +60,9 @@ class DelayedBackend(AsyncBackend):
 
     async def extend(self, name: str, owner: str, ttl: float) -> Outcome:
         await self._delay("extend", name)
-        return await self.inner.extend(name, owner, ttl)
+        outcome = await self.inner.extend(name, owner, ttl)
+        await self._delay("extend_reply", name)  # applied on the server, answered late
+        return outcome
 
     async def inspect(self, name: str) -> LockInfo | None:
         await self._delay("inspect", name)

@@ -248,3 +248,60 @@ async def test_lock_timeout_says_who_holds_it_and_where(
     assert caught.value.owner is None and caught.value.ttl is not None
     assert "kept closed" in str(caught.value)
     assert await store.force_release(name)
+
+
+async def test_leaving_a_block_never_releases_another_threads_acquisition(
+    store: AsyncStore, name: str
+) -> None:
+    lock = store.lock(name, ttl=30, wait=30)
+    steps: list[str] = []
+
+    async def first() -> None:
+        async with lock as held:
+            steps.append("first inside")
+            await held.release()  # done early; the block goes on a little
+            await wait_until(lambda: "second inside" in steps)
+        steps.append("first left")
+
+    async def second() -> bool:
+        await wait_until(lambda: "first inside" in steps)
+        async with lock as held:
+            steps.append("second inside")
+            await wait_until(lambda: "first left" in steps)
+            # The first block left after this one entered: this acquisition is untouched.
+            return held.held and await held.owned()
+
+    one, two = start(first), start(second)
+    await one.result()
+    assert await two.result() is True
+    assert await store.lock_info(name) is None
+
+
+async def test_release_reports_a_loss_already_reported_by_the_renewal(
+    store: AsyncStore, name: str, lapse: Callable[[float], float]
+) -> None:
+    """The server applied the renewal, but answered after the lease surely ran out: the
+    loss was reported, so the release must say so too, whatever the server says now."""
+    lost: list[AsyncLock] = []
+    slow_store, _ = delayed(store, extend_reply=lapse(0.6))
+    lock = slow_store.lock(name, ttl=0.6, auto_renew=True, on_lost=lost.append)
+    assert await lock.acquire()
+    await wait_until(lambda: bool(lost))
+    with pytest.raises(LockLost):
+        await lock.release()
+    await sleep(lapse(0.6))
+    assert await store.lock_info(name) is None
+
+
+async def test_hold_for_on_an_inner_release_applies_when_the_last_one_frees_it(
+    store: AsyncStore, other_store: AsyncStore, name: str
+) -> None:
+    lock = store.lock(name, ttl=30, reentrant=True)
+    assert await lock.acquire() and await lock.acquire()
+    await lock.release(hold_for=30)  # still held by the outer acquisition
+    assert await lock.owned()
+    await lock.release()
+    info = await store.lock_info(name)
+    assert info is not None and info.owner is None  # kept closed, ownerless
+    assert not await other_store.lock(name, ttl=10).acquire()
+    assert await store.force_release(name)

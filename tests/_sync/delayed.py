@@ -62,7 +62,9 @@ class DelayedBackend(Backend):
 
     def extend(self, name: str, owner: str, ttl: float) -> Outcome:
         self._delay("extend", name)
-        return self.inner.extend(name, owner, ttl)
+        outcome = self.inner.extend(name, owner, ttl)
+        self._delay("extend_reply", name)  # applied on the server, answered late
+        return outcome
 
     def inspect(self, name: str) -> LockInfo | None:
         self._delay("inspect", name)

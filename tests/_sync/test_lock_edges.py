@@ -248,3 +248,60 @@ def test_lock_timeout_says_who_holds_it_and_where(
     assert caught.value.owner is None and caught.value.ttl is not None
     assert "kept closed" in str(caught.value)
     assert store.force_release(name)
+
+
+def test_leaving_a_block_never_releases_another_threads_acquisition(
+    store: Store, name: str
+) -> None:
+    lock = store.lock(name, ttl=30, wait=30)
+    steps: list[str] = []
+
+    def first() -> None:
+        with lock as held:
+            steps.append("first inside")
+            held.release()  # done early; the block goes on a little
+            wait_until(lambda: "second inside" in steps)
+        steps.append("first left")
+
+    def second() -> bool:
+        wait_until(lambda: "first inside" in steps)
+        with lock as held:
+            steps.append("second inside")
+            wait_until(lambda: "first left" in steps)
+            # The first block left after this one entered: this acquisition is untouched.
+            return held.held and held.owned()
+
+    one, two = start(first), start(second)
+    one.result()
+    assert two.result() is True
+    assert store.lock_info(name) is None
+
+
+def test_release_reports_a_loss_already_reported_by_the_renewal(
+    store: Store, name: str, lapse: Callable[[float], float]
+) -> None:
+    """The server applied the renewal, but answered after the lease surely ran out: the
+    loss was reported, so the release must say so too, whatever the server says now."""
+    lost: list[Lock] = []
+    slow_store, _ = delayed(store, extend_reply=lapse(0.6))
+    lock = slow_store.lock(name, ttl=0.6, auto_renew=True, on_lost=lost.append)
+    assert lock.acquire()
+    wait_until(lambda: bool(lost))
+    with pytest.raises(LockLost):
+        lock.release()
+    sleep(lapse(0.6))
+    assert store.lock_info(name) is None
+
+
+def test_hold_for_on_an_inner_release_applies_when_the_last_one_frees_it(
+    store: Store, other_store: Store, name: str
+) -> None:
+    lock = store.lock(name, ttl=30, reentrant=True)
+    assert lock.acquire() and lock.acquire()
+    lock.release(hold_for=30)  # still held by the outer acquisition
+    assert lock.owned()
+    lock.release()
+    info = store.lock_info(name)
+    assert info is not None and info.owner is None  # kept closed, ownerless
+    assert not other_store.lock(name, ttl=10).acquire()
+    assert store.force_release(name)

@@ -8,6 +8,7 @@ pair: everything else in `corral._sync` is generated from `corral._async` by
 from __future__ import annotations
 
 import asyncio
+import collections
 import inspect
 import logging
 import socket
@@ -128,32 +129,51 @@ async def call_maybe_async(func: Callable[..., Any], *args: Any) -> None:
 
 
 class Gate:
-    """Lets one task at a time through, waiting up to a timeout, as `asyncio.Lock` does.
+    """Lets one task at a time through, in arrival order, waiting up to a timeout.
 
     The tasks that share one lock handle queue here, so the second one waits
-    for the first to release instead of entering beside it.
+    for the first to release instead of entering beside it. A release hands
+    the gate straight to the first waiter, so a task that merely asks with
+    `timeout <= 0` is refused while anyone waits, never queued behind them.
+    (`asyncio.Lock` would queue such a task behind a waiter it has just woken.)
     """
 
     def __init__(self) -> None:
-        self._lock = asyncio.Lock()
+        self._taken = False
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
 
     async def acquire(self, timeout: float | None) -> bool:
-        if timeout is None:
-            await self._lock.acquire()
+        if not self._taken and not self._waiters:
+            self._taken = True
             return True
-        if timeout <= 0:
-            if self._lock.locked():
-                return False
-            await self._lock.acquire()  # free and nobody queued: returns at once
-            return True
-        try:
-            await asyncio.wait_for(self._lock.acquire(), timeout)
-        except asyncio.TimeoutError:
+        if timeout is not None and timeout <= 0:
             return False
+        handed = asyncio.get_running_loop().create_future()
+        self._waiters.append(handed)
+        try:
+            if timeout is None:
+                await asyncio.shield(handed)
+            else:
+                await asyncio.wait_for(asyncio.shield(handed), timeout)
+        except BaseException as exc:
+            if handed.done():
+                # Handed over just as this waiter gave up: pass the gate on.
+                self.release()
+            else:
+                handed.cancel()
+                self._waiters.remove(handed)
+            if isinstance(exc, asyncio.TimeoutError):
+                return False
+            raise
         return True
 
     def release(self) -> None:
-        self._lock.release()
+        while self._waiters:
+            first = self._waiters.popleft()
+            if not first.done():
+                first.set_result(None)  # the gate stays taken: it now belongs to `first`
+                return
+        self._taken = False
 
 
 # Jobs run detached from whoever started them; the event loop keeps only weak

@@ -6,6 +6,7 @@ import importlib
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
+from urllib.parse import urlencode
 
 from corral._async.backends.base import AsyncBackend
 from corral._async.lock import AsyncAcquisition, AsyncLock
@@ -26,10 +27,14 @@ class AsyncStore:
     Close it with `aclose()` or `async with`.
     """
 
-    def __init__(self, backend: AsyncBackend, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self, backend: AsyncBackend, *, clock: Clock | None = None, url: str | None = None
+    ) -> None:
         self.backend = backend
         self.clock: Clock = clock or SystemClock()
         self.metrics = StoreStats()
+        self.url = url or backend.server
+        """How to reach this store again (for `corral status --url ...`), password hidden."""
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.backend.server}>"
@@ -129,4 +134,21 @@ def connect(url: str | None = None, *, clock: Clock | None = None, **options: An
     flavour_cls = spec.cls if package.endswith("_async") else spec.cls.removeprefix("Async")
     backend_cls = getattr(module, flavour_cls)
     backend: AsyncBackend = backend_cls.from_url(url, clock=clock or SystemClock(), **options)
-    return AsyncStore(backend, clock=clock)
+    return AsyncStore(backend, clock=clock, url=_shown_url(url, options))
+
+
+def _shown_url(url: str, options: dict[str, Any]) -> str:
+    """The URL with the keyword options that text can carry added to its query, redacted.
+
+    A command suggested to the user (`corral status NAME --url ...`) must reach the
+    same locks, so options such as `prefix=` go with it; objects (an SSL context)
+    cannot, and are left out.
+    """
+    extra = {
+        key: value
+        for key, value in options.items()
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool)
+    }
+    if extra:
+        url += ("&" if "?" in url else "?") + urlencode(extra)
+    return redact(url)

@@ -62,7 +62,7 @@ class Event:
     def wait(self, timeout: float | None = None) -> bool:
         if timeout is not None and timeout <= 0:
             return self._event.is_set()
-        return self._event.wait(timeout)
+        return self._event.wait(None if timeout is None else min(timeout, threading.TIMEOUT_MAX))
 
 
 def sleep(seconds: float) -> None:
@@ -86,7 +86,11 @@ def current_task_label() -> str:
     return threading.current_thread().name
 
 
-_PROCESS_SCOPE = "process"
+class _ProcessScope:
+    """The one scope of the blocking flavour (an object, so it can be a weak key)."""
+
+
+_PROCESS_SCOPE = _ProcessScope()
 
 
 def scope_key() -> object:

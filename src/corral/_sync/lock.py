@@ -103,6 +103,8 @@ class _Held:
     granted_at: float
     count: int = 1
     lost: LockError | None = None
+    hold_for: float = 0.0
+    """The longest `hold_for` asked of any release, applied by the last one."""
     released: bool = False
     """Set first thing by `release`: a renewal answering afterwards means nothing."""
     extending: _compat.Lock = field(default_factory=_compat.Lock)
@@ -144,6 +146,8 @@ class Lock:
         self._state = ProcessLock()
         self._gate = Gate()
         self._gate_pid = forks.pid()
+        # The acquisitions `with` blocks entered, per thread or task (see __exit__).
+        self._entered: dict[object, list[_Held]] = {}
 
     def __repr__(self) -> str:
         state = "held" if self.held else "not held"
@@ -441,15 +445,19 @@ class Lock:
         """Free the lock if this handle still owns it (atomic compare-and-delete).
 
         `hold_for=S` keeps it closed, ownerless, for S more seconds: a job that
-        must run at most once per S releases with hold_for=S.
+        must run at most once per S releases with hold_for=S. On a reentrant
+        handle entered several times, it applies when the last release frees it.
         """
         hold = check_non_negative(hold_for, "hold_for")
-        held = self._require("release")
+        self._release(self._require("release"), hold)
+
+    def _release(self, held: _Held, hold: float) -> None:
         if self.reentrant and held.holder is not current_task():
             raise LockError(
                 f"cannot release lock {self.name!r}: another thread or task holds it through "
                 "this reentrant handle; the one that acquired it releases it"
             )
+        held.hold_for = max(held.hold_for, hold)
         if held.count > 1 and held.lost is None:
             held.count -= 1
             return
@@ -460,7 +468,7 @@ class Lock:
         self._stats.record((), "hold_seconds", self.clock_now() - held.granted_at)
 
         def release() -> Outcome:
-            return self._backend.release(self.name, held.owner, hold)
+            return self._backend.release(self.name, held.owner, held.hold_for)
 
         # Finished even if the caller is cancelled meanwhile: a release half-sent is
         # worse than one that completes a moment after its caller left.
@@ -470,6 +478,11 @@ class Lock:
             if held.lost is None:
                 self._stats.add("losses")
             raise error
+        if held.lost is not None:
+            # The server still had it (a renewal answered after the lease surely ran
+            # out), but the loss was reported: work done since may not have been
+            # exclusive. The release, like check() and extend(), says so.
+            raise held.lost
 
     def extend(self, ttl: float | None = None) -> None:
         """Reset the TTL (to `ttl`, else the lock's own) if this handle still owns it.
@@ -477,7 +490,9 @@ class Lock:
         With `auto_renew`, later renewals use the new TTL and come every third of it.
         """
         seconds = self.ttl if ttl is None else check_ttl(ttl)
-        held = self._require("extend")
+        self._extend(self._require("extend"), seconds)
+
+    def _extend(self, held: _Held, seconds: float) -> None:
         if held.lost is not None:
             raise held.lost
         with held.extending:
@@ -496,7 +511,9 @@ class Lock:
 
     def check(self) -> None:
         """Raise `LockLost`/`LockExpired` if this handle no longer owns the lock on the server."""
-        held = self._require("check")
+        self._check(self._require("check"))
+
+    def _check(self, held: _Held) -> None:
         if held.lost is not None:
             raise held.lost
         info = self._backend.inspect(self.name)
@@ -509,7 +526,10 @@ class Lock:
     def owned(self) -> bool:
         """Whether this handle owns the lock right now, as the server sees it."""
         held = self._mine()
-        if held is None or held.lost is not None:
+        return held is not None and self._owns(held)
+
+    def _owns(self, held: _Held) -> bool:
+        if held.lost is not None or held.released:
             return False
         info = self._backend.inspect(self.name)
         return info is not None and info.owner == held.owner
@@ -552,10 +572,14 @@ class Lock:
                 outcome = self._backend.extend(self.name, held.owner, ttl)
                 if outcome is Outcome.OK and not held.released and held.lost is None:
                     held.schedule.renewed(sent_at, ttl)
-        except BackendError as exc:
+        except Exception as exc:
             if held.released or held.lost is not None:
                 return
             self._stats.add("renewal_failures")
+            if not isinstance(exc, BackendError):
+                # Not the network: a bug somewhere. Retried like a network error (with
+                # backoff, while the lease lasts), never in a tight loop.
+                log.exception("renewing lock %r failed unexpectedly", self.name)
             if held.schedule.failed(self.clock_now()):
                 log.warning(
                     "renewing lock %r on %s failed (%s); retrying while its TTL lasts",
@@ -629,7 +653,12 @@ class Lock:
             raise self._timeout_error()
         held = self._mine()
         assert held is not None
-        return Acquisition(self, held.token, held.owner)
+        # Remember which acquisition this block entered, per thread or task: when a
+        # handle is shared, another thread's acquisition may be current when this
+        # block leaves, and that one is not this block's to release.
+        with self._state:
+            self._entered.setdefault(current_task(), []).append(held)
+        return Acquisition(self, held)
 
     def _timeout_error(self) -> LockTimeout:
         """What the caller of `with store.lock(...)` needs when it timed out: who holds it."""
@@ -652,7 +681,7 @@ class Lock:
         if self._backend.capabilities.cross_process:
             hint = (
                 f"; see `corral status {shlex.quote(self.name)} "
-                f"--url {shlex.quote(self._backend.server)}`"
+                f"--url {shlex.quote(self._store.url)}`"
             )
         return LockTimeout(
             f"{where} {waited}: {state}{hint}",
@@ -668,10 +697,18 @@ class Lock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._mine() is None:
+        me = current_task()
+        with self._state:
+            stack = self._entered.get(me)
+            held = stack.pop() if stack else self._mine()
+            if stack is not None and not stack:
+                del self._entered[me]
+        if held is None or held is not self._mine():
+            # Released inside the block (held.release()), never this block's, or the
+            # parent's, in a child forked inside the block.
             return
         try:
-            self.release()
+            self._release(held, 0.0)
         except (LockError, BackendError) as release_error:
             if exc is None:
                 raise
@@ -681,18 +718,19 @@ class Lock:
 
 
 class Acquisition:
-    """What `with store.lock(...) as held:` gives: the lock, with its token surely set.
+    """What `with store.lock(...) as held:` gives: the acquisition this block entered.
 
     Inside the block the lock is held, so `token` is an `int` and `owner` a
-    `str`, not optional as on the handle. The methods are the handle's.
+    `str`, not optional as on the handle. Its methods act on this acquisition
+    only, even when another thread or task shares the handle and holds it by
+    the time they are called.
     """
 
-    __slots__ = ("lock", "owner", "token")
+    __slots__ = ("_held", "lock")
 
-    def __init__(self, lock: Lock, token: int, owner: str) -> None:
+    def __init__(self, lock: Lock, held: _Held) -> None:
         self.lock = lock
-        self.token = token
-        self.owner = owner
+        self._held = held
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} of {self.lock!r} token={self.token}>"
@@ -702,21 +740,37 @@ class Acquisition:
         return self.lock.name
 
     @property
+    def token(self) -> int:
+        return self._held.token
+
+    @property
+    def owner(self) -> str:
+        return self._held.owner
+
+    @property
     def held(self) -> bool:
-        return self.lock.held
+        """Still this handle's acquisition, not known lost, its lease surely running."""
+        return self.lock._held is self._held and self.lock._alive(self._held)
 
     @property
     def lost(self) -> LockError | None:
-        return self.lock.lost
+        return self._held.lost
+
+    def _current(self, action: str) -> _Held:
+        if self.lock._mine() is not self._held:
+            raise LockError(f"cannot {action} lock {self.name!r}: this acquisition was released")
+        return self._held
 
     def extend(self, ttl: float | None = None) -> None:
-        self.lock.extend(ttl)
+        seconds = self.lock.ttl if ttl is None else check_ttl(ttl)
+        self.lock._extend(self._current("extend"), seconds)
 
     def check(self) -> None:
-        self.lock.check()
+        self.lock._check(self._current("check"))
 
     def owned(self) -> bool:
-        return self.lock.owned()
+        return self.lock._owns(self._held)
 
     def release(self, hold_for: float = 0.0) -> None:
-        self.lock.release(hold_for)
+        hold = check_non_negative(hold_for, "hold_for")
+        self.lock._release(self._current("release"), hold)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 from typing import TYPE_CHECKING
 
 from corral._sync._compat import Event, Job, Worker, scope_key, spawn, start_job
@@ -35,23 +36,33 @@ class Renewer:
     """Starts each registered lock's renewals when they fall due, until released or lost."""
 
     def __init__(self, key: object) -> None:
-        self._key = key
+        # Weak: the registry must not keep a finished event loop alive through its renewer.
+        self._key = weakref.ref(key)
         # Its critical sections never await, in either flavour.
         self._mutex = ProcessLock()
-        self._locks: dict[Lock, Job | None] = {}
+        # Weak too: a handle nobody can reach any more can never be released, so renewing
+        # it would hold the lock forever; dropped, its lock expires at its TTL.
+        self._locks: weakref.WeakKeyDictionary[Lock, Job | None] = weakref.WeakKeyDictionary()
         self._wake = Event()
         self._worker: Worker | None = None
+        # Numbers the workers, so one that ends never clears its successor's place.
+        self._generation = 0
 
     def register(self, lock: Lock) -> None:
         with self._mutex:
             self._locks.setdefault(lock, None)
             if self._worker is None or not self._worker.alive():
-                self._worker = spawn(self._run, name="corral-renewer")
+                self._generation += 1
+                generation = self._generation
+                self._worker = spawn(lambda: self._run(generation), name="corral-renewer")
         self._wake.set()
 
     def unregister(self, lock: Lock) -> None:
         with self._mutex:
             self._locks.pop(lock, None)
+            empty = not self._locks
+        if empty:
+            self._wake.set()  # let the worker end now, not at its next timer
 
     def wake(self) -> None:
         """Look at every schedule again now (one changed: an extend with another TTL)."""
@@ -66,14 +77,31 @@ class Renewer:
         finally:
             self._wake.set()
 
-    def _run(self) -> None:
+    def _run(self, generation: int) -> None:
+        try:
+            self._schedule(generation)
+        finally:
+            # Ended, or cancelled with its event loop (asyncio.run cancels what is left):
+            # a later lock of this scope gets a new worker.
+            with self._mutex:
+                current = self._generation == generation
+                if current:
+                    self._worker = None
+            if current:
+                with _REGISTRY_MUTEX:
+                    key = self._key()
+                    if key is not None and _RENEWERS.get(key) is self:
+                        del _RENEWERS[key]
+
+    def _schedule(self, generation: int) -> None:
         while True:
             with self._mutex:
+                if self._generation != generation:
+                    return  # a newer worker took over
                 if not self._locks:
+                    # Decided under the mutex `register` takes: a lock registered from
+                    # now on sees no worker and starts one.
                     self._worker = None
-                    with _REGISTRY_MUTEX:
-                        if _RENEWERS.get(self._key) is self:
-                            del _RENEWERS[self._key]
                     return
                 items = list(self._locks.items())
             soonest: float | None = None
@@ -108,7 +136,7 @@ class Renewer:
             self._wake.clear()
 
 
-_RENEWERS: dict[object, Renewer] = {}
+_RENEWERS: weakref.WeakKeyDictionary[object, Renewer] = weakref.WeakKeyDictionary()
 _REGISTRY_MUTEX = ProcessLock()
 
 

@@ -64,7 +64,7 @@ class ProcessLock:
             return lock.acquire()
         if timeout <= 0:
             return lock.acquire(blocking=False)
-        return lock.acquire(timeout=timeout)
+        return lock.acquire(timeout=min(timeout, threading.TIMEOUT_MAX))
 
     def release(self) -> None:
         self._here().release()

@@ -73,6 +73,15 @@ class AsyncMemoryBackend(AsyncBackend):
 
     def _expires(self, name: str, when: float) -> float:
         heapq.heappush(self._expiries, (when, name))
+        if len(self._expiries) > 2 * (len(self._locks) + len(self._queues)) + 64:
+            # Superseded expiries (a lock extended, released, or acquired again) would
+            # otherwise pile up until their time comes: rebuild from what is live, at a
+            # cost spread over at least as many pushes as the heap then holds.
+            live = [(entry.expires_at, n) for n, entry in self._locks.items()]
+            live += [(t, n) for n, queue in self._queues.items() for t in queue.values()]
+            live.append((when, name))
+            heapq.heapify(live)
+            self._expiries = live
         return when
 
     def _sweep(self, now: float) -> None:

@@ -147,9 +147,9 @@ class AsyncReleaseFeed:
     async def join(self, channel: str, event: Event, owner: str | None, timeout: float) -> None:
         """Have `event` set on messages on `channel`; return once the server confirmed it.
 
-        A message naming the head of a fair lock's queue wakes only that waiter
-        (and waiters with no owner): the rest could not take the lock anyway, and
-        eight processes stampeding the server for one grant slow the handoff.
+        A message naming the head of the lock's queue wakes only that waiter: the
+        rest could not take the lock anyway, and eight processes stampeding the
+        server for one grant slow the handoff.
         """
         confirmed = Event()
         async with self._send_lock:
@@ -388,6 +388,7 @@ class AsyncRedisBackend(AsyncBackend):
             [] if getattr(pool, "max_connections", None) == UNBOUNDED else None
         )
         self._spares_pid = forks.pid()
+        self._closed = False
 
     url_options = (
         Option(
@@ -534,6 +535,7 @@ class AsyncRedisBackend(AsyncBackend):
         """
         # redis-py types these connection-level calls unevenly across its two flavours.
         pool: Any = self._pool
+        self._raise_if_closed(name, action)
         try:
             connection: Any = await self._borrow()
         except (RedisError, OSError) as exc:
@@ -719,9 +721,19 @@ class AsyncRedisBackend(AsyncBackend):
                 )
             return feed
 
+    def _raise_if_closed(self, name: str, action: str) -> None:
+        if self._closed:
+            raise BackendError(
+                f"lock {name!r} on {self._server}: could not {action} it: the store is "
+                "closed; open a new one"
+            )
+
     async def _subscribe(
         self, name: str, channel: str, event: Event, owner: str | None
     ) -> AsyncReleaseFeed:
+        # A closed store starts no new feed (a waiter woken by the close would otherwise
+        # open a pub/sub connection and a listener that nobody ever closes).
+        self._raise_if_closed(name, "wait for")
         feed = self._current_feed()
         try:
             await feed.join(channel, event, owner, self._timeout)
@@ -731,6 +743,7 @@ class AsyncRedisBackend(AsyncBackend):
 
     async def aclose(self) -> None:
         with self._feed_mutex:
+            self._closed = True
             feed, self._feed = self._feed, None
         if feed is not None and feed.pid == os.getpid():
             await feed.aclose()

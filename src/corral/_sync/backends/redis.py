@@ -149,9 +149,9 @@ class ReleaseFeed:
     def join(self, channel: str, event: Event, owner: str | None, timeout: float) -> None:
         """Have `event` set on messages on `channel`; return once the server confirmed it.
 
-        A message naming the head of a fair lock's queue wakes only that waiter
-        (and waiters with no owner): the rest could not take the lock anyway, and
-        eight processes stampeding the server for one grant slow the handoff.
+        A message naming the head of the lock's queue wakes only that waiter: the
+        rest could not take the lock anyway, and eight processes stampeding the
+        server for one grant slow the handoff.
         """
         confirmed = Event()
         with self._send_lock:
@@ -390,6 +390,7 @@ class RedisBackend(Backend):
             [] if getattr(pool, "max_connections", None) == UNBOUNDED else None
         )
         self._spares_pid = forks.pid()
+        self._closed = False
 
     url_options = (
         Option(
@@ -534,6 +535,7 @@ class RedisBackend(Backend):
         """
         # redis-py types these connection-level calls unevenly across its two flavours.
         pool: Any = self._pool
+        self._raise_if_closed(name, action)
         try:
             connection: Any = self._borrow()
         except (RedisError, OSError) as exc:
@@ -717,7 +719,17 @@ class RedisBackend(Backend):
                 )
             return feed
 
+    def _raise_if_closed(self, name: str, action: str) -> None:
+        if self._closed:
+            raise BackendError(
+                f"lock {name!r} on {self._server}: could not {action} it: the store is "
+                "closed; open a new one"
+            )
+
     def _subscribe(self, name: str, channel: str, event: Event, owner: str | None) -> ReleaseFeed:
+        # A closed store starts no new feed (a waiter woken by the close would otherwise
+        # open a pub/sub connection and a listener that nobody ever closes).
+        self._raise_if_closed(name, "wait for")
         feed = self._current_feed()
         try:
             feed.join(channel, event, owner, self._timeout)
@@ -727,6 +739,7 @@ class RedisBackend(Backend):
 
     def close(self) -> None:
         with self._feed_mutex:
+            self._closed = True
             feed, self._feed = self._feed, None
         if feed is not None and feed.pid == os.getpid():
             feed.close()
