@@ -254,7 +254,7 @@ class Lock:
     ) -> bool:
         owner = make_owner(current_task_label())
         queue_ttl = FAIR_QUEUE_TTL if self.fair else None
-        sent_at = self.clock_now()
+        sent_at = first_sent = self.clock_now()
         attempt = self._attempt(owner, queue_ttl)
         if attempt.acquired:
             return self._took(owner, me, attempt, started=started, sent_at=sent_at, contended=False)
@@ -263,7 +263,7 @@ class Lock:
             return False
         queues = self._backend.capabilities.fair
         plan = WaitPlan(
-            now=self.clock_now(),
+            now=first_sent,  # the wait includes the first attempt's round trip
             wait=seconds,
             fail_fast=fail_fast,
             notifies=self._backend.capabilities.notifies,
