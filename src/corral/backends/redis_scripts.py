@@ -54,7 +54,18 @@ class LockKeys(NamedTuple):
     queue_expiry: str
     """The same waiters, scored by the server time (ms) their place expires."""
     channel: str
-    """Pub/sub channel announcing that the lock became free."""
+    """Pub/sub channel announcing that the lock became free (for waiters on the feed)."""
+    signal: str
+    """A list holding at most one wake-up token: a release pushes it, one blocked waiter
+    outside the queue pops it (`BLPOP`), in the order they blocked."""
+    waiting: str
+    """Set (for a few seconds) by every failed attempt: someone may wait, so a release
+    must wake; without it, a release spends nothing on wake-ups."""
+    wake_prefix: str
+    """Followed by an owner id: the list that wakes that queued waiter alone."""
+
+    def wake(self, owner: str) -> str:
+        return f"{self.wake_prefix}{owner}"
 
 
 _SURROGATES = re.compile("[\ud800-\udfff]")
@@ -78,6 +89,9 @@ def lock_keys(prefix: str, name: str) -> LockKeys:
         queue=f"{base}:queue",
         queue_expiry=f"{base}:queue:expiry",
         channel=f"{base}:released",
+        signal=f"{base}:signal",
+        waiting=f"{base}:waiting",
+        wake_prefix=f"{base}:wake:",
     )
 
 
@@ -95,8 +109,43 @@ def check_prefix(prefix: object) -> str:
     return prefix
 
 
-# KEYS: lock, fence, queue, queue_expiry
-# ARGV: owner, ttl (ms), queue ttl (ms, or "" for an attempt outside the queue)
+# How long the marker that someone waits lives after the last failed attempt, as a
+# multiple of the longest pause between a waiter's attempts (its periodic re-check).
+WAITING_PAUSES = 3
+
+# Lua, shared by the scripts that free a lock or change its queue's head: wake whoever
+# may take the lock now. A live head of the queue is woken alone, by a push to its own
+# list (and a feed message naming it); with no live head, one token goes to the shared
+# list, which wakes the waiter that blocked on it first. Nothing is spent when no
+# attempt failed recently (nobody waits). KEYS: queue, queue_expiry, signal, waiting;
+# ARGV: the wake-list prefix, the channel.
+_WAKE = """
+local function wake(queue, queue_expiry, signal, waiting, wake_prefix, channel, why)
+  if redis.call('EXISTS', waiting) == 0 then return end
+  local head = redis.call('ZRANGE', queue, 0, 0)[1]
+  if head then
+    local time = redis.call('TIME')
+    local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+    local expires = tonumber(redis.call('ZSCORE', queue_expiry, head))
+    if expires and expires > now then
+      local list = wake_prefix .. head
+      redis.call('DEL', list)
+      redis.call('RPUSH', list, 1)
+      redis.call('PEXPIRE', list, expires - now)
+      redis.call('PUBLISH', channel, '%HEAD%' .. head)
+      return
+    end
+  end
+  redis.call('DEL', signal)
+  redis.call('RPUSH', signal, 1)
+  redis.call('PEXPIRE', signal, redis.call('PTTL', waiting))
+  redis.call('PUBLISH', channel, why)
+end
+"""
+
+# KEYS: lock, fence, queue, queue_expiry, waiting
+# ARGV: owner, ttl (ms), queue ttl (ms, or "" for an attempt outside the queue), wake list
+#       of this owner, how long the "someone waits" marker lives (ms)
 # Returns {1, token} when acquired; else {0, the holder's PTTL in ms, or -2 when the
 # lock is free but another waiter is ahead in the queue}.
 #
@@ -113,7 +162,10 @@ ACQUIRE = """
 if redis.replicate_commands then redis.replicate_commands() end
 local owner, ttl, queue_ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local pttl = redis.call('PTTL', KEYS[1])
-if pttl ~= -2 and not queue_ttl then return {0, pttl} end
+if pttl ~= -2 and not queue_ttl then
+  redis.call('SET', KEYS[5], 1, 'PX', ARGV[5])
+  return {0, pttl}
+end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local function purge()
@@ -134,7 +186,10 @@ if queue_ttl then
   for _, key in ipairs({KEYS[3], KEYS[4]}) do
     if redis.call('PTTL', key) < queue_ttl then redis.call('PEXPIRE', key, queue_ttl) end
   end
-  if pttl ~= -2 then return {0, pttl} end
+  if pttl ~= -2 then
+    redis.call('SET', KEYS[5], 1, 'PX', ARGV[5])
+    return {0, pttl}
+  end
 end
 local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
 if head and not queue_ttl then
@@ -145,9 +200,13 @@ if head and not queue_ttl then
   end
 end
 if head then
-  if head ~= owner then return {0, -2} end
+  if head ~= owner then
+    redis.call('SET', KEYS[5], 1, 'PX', ARGV[5])
+    return {0, -2}
+  end
   redis.call('ZREM', KEYS[3], owner)
   redis.call('ZREM', KEYS[4], owner)
+  redis.call('DEL', ARGV[4])
 end
 local token = math.max(
   (tonumber(redis.call('GET', KEYS[2])) or 0) + 1,
@@ -158,11 +217,12 @@ redis.call('SET', KEYS[1], token .. ':' .. owner, 'PX', ttl)
 return {1, tonumber(token)}
 """
 
-# KEYS: lock, queue, queue_expiry
-# ARGV: owner, hold_for (ms; 0 deletes), channel
+# KEYS: lock, queue, queue_expiry, signal, waiting
+# ARGV: owner, hold_for (ms; 0 deletes), channel, wake-list prefix
 # Returns 1 released (OK), 0 nobody holds it (EXPIRED), -1 another owner does (LOST).
-# With a live head in the fair queue, the message names it, so only it wakes.
-RELEASE = """
+RELEASE = (
+    _WAKE
+    + """
 local value = redis.call('GET', KEYS[1])
 if not value then return 0 end
 local sep = string.find(value, ':', 1, true)
@@ -173,17 +233,10 @@ if hold > 0 then
   return 1
 end
 redis.call('DEL', KEYS[1])
-local message = 'released'
-local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
-if head then
-  local time = redis.call('TIME')
-  local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-  local expires = tonumber(redis.call('ZSCORE', KEYS[3], head))
-  if expires and expires > now then message = '%HEAD%' .. head end
-end
-redis.call('PUBLISH', ARGV[3], message)
+wake(KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[4], ARGV[3], 'released')
 return 1
-""".replace("%HEAD%", HEAD_PREFIX)
+"""
+)
 
 # KEYS: lock
 # ARGV: owner, ttl (ms)
@@ -205,27 +258,44 @@ if not value then return false end
 return {value, redis.call('PTTL', KEYS[1])}
 """
 
-# KEYS: lock
-# ARGV: channel
-# Returns 1 when something was held (and waiters were told), else 0.
-FORCE_RELEASE = """
+# KEYS: lock, queue, queue_expiry, signal, waiting
+# ARGV: channel, wake-list prefix
+# Returns 1 when something was held (and any waiters were told), else 0.
+FORCE_RELEASE = (
+    _WAKE
+    + """
 if redis.call('DEL', KEYS[1]) == 1 then
-  redis.call('PUBLISH', ARGV[1], 'forced')
+  wake(KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[2], ARGV[1], 'forced')
   return 1
 end
 return 0
 """
+)
 
-# KEYS: queue, queue_expiry
-# ARGV: owner, channel
+# KEYS: queue, queue_expiry, signal, waiting
+# ARGV: owner, channel, wake-list prefix
 # Returns 1 when the owner was at the head (the next waiter was told to try), else 0.
-LEAVE_QUEUE = """
+LEAVE_QUEUE = (
+    _WAKE
+    + """
 local head = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('DEL', ARGV[3] .. ARGV[1])
 if head == ARGV[1] then
-  redis.call('PUBLISH', ARGV[2], 'left')
+  wake(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[3], ARGV[2], 'left')
   return 1
 end
 return 0
 """
+)
+
+
+def _fill(script: str) -> str:
+    return script.replace("%HEAD%", HEAD_PREFIX)
+
+
+ACQUIRE = _fill(ACQUIRE)
+RELEASE = _fill(RELEASE)
+FORCE_RELEASE = _fill(FORCE_RELEASE)
+LEAVE_QUEUE = _fill(LEAVE_QUEUE)

@@ -8,15 +8,23 @@ server, in one round trip, with the server's clock deciding expiry. A client
 get-then-set races; WATCH/MULTI needs several round trips and retries under
 contention. The scripts and key names are in `corral.backends.redis_scripts`.
 
-Waiters are woken by pub/sub rather than by popping a list. A list pop holds
-one blocked connection per waiter, and a pushed token wakes exactly one of
-them: if that one has just given up the wake-up is lost, and tokens nobody
-takes wake the next waiter for nothing. A PUBLISH reaches every waiter of
-every process at once over a single connection per process, costs nothing
-when nobody listens, and, since a waiter subscribes (and the server confirms
-it) before its attempt, a release after that attempt cannot go unheard.
-Whoever is woken just re-attempts, so a fair lock's head takes it and the rest
-wait on.
+Waiters are woken by the release itself, through lists a release pushes to:
+the lock's shared list, holding at most one token, which Redis hands to the
+waiter that blocked on it first (`BLPOP`), and, for a waiter in the lock's
+queue, a list of its own, pushed only when it is the queue's head. A list keeps
+its token until someone takes it, so a release between a waiter's failed
+attempt and its wait still wakes it, and nothing needs confirming before the
+attempt; the pop returns in the waiting thread or task itself, with no other
+thread in between, which is what makes a handoff take one round trip after the
+release. A release pushes only when an attempt failed recently (a marker key
+with a short TTL), so an uncontended release costs nothing for wake-ups.
+
+The price is a connection per blocked waiter. Past `MAX_BLOCKING` of them in one
+process, or when the pool is bounded (a blocked connection must not starve the
+other calls), waiters listen to a pub/sub feed instead: one connection per
+process for every waiter, subscribed (and confirmed by the server) before the
+attempt, so a release after that attempt cannot go unheard. A release also
+publishes, naming the queue's head when there is one.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import contextlib
 import math
 import os
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any, ClassVar
 from urllib.parse import urlunsplit
 
@@ -47,7 +56,7 @@ from corral._sync._compat import Event, Lock, Worker, spawn
 from corral._sync.backends.base import Backend, Feed, SubscribingWaiter
 from corral.backends import redis_scripts as scripts
 from corral.backends.registry import check_userinfo, redact
-from corral.core import forks
+from corral.core import forks, lockflow
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock
 from corral.core.forks import ProcessLock
@@ -81,6 +90,9 @@ def _ms(seconds: float) -> int:
 MAX_SPARES = 8
 # A pool "without a limit" (redis-py wants a number).
 UNBOUNDED = 2**31
+# Waiters of one process that may each block a connection of their own (BLPOP); more
+# wait on the pub/sub feed, which serves any number over one connection.
+MAX_BLOCKING = 64
 
 
 def _has_data(connection: Any) -> bool:
@@ -301,12 +313,51 @@ class ReleaseFeed:
 
 
 class RedisWaiter(SubscribingWaiter):
-    """Hears releases from every process through the backend's pub/sub feed."""
+    """Waits for a release of one lock name, by a blocking list pop or through the feed.
+
+    Usually the waiter blocks (`BLPOP`) on a connection of its own, on a list a
+    release pushes to: the lock's shared list, which holds one token per release
+    and hands it to the waiter that blocked first, or, once the waiter is in the
+    lock's queue, its own list, pushed only when it is the queue's head. A list
+    keeps its token until someone takes it, so a release between the failed
+    attempt and the wait still wakes the waiter, with no subscription to confirm
+    first, and the wake-up reaches the waiting thread or task directly. Only
+    when this process already blocks `MAX_BLOCKING` connections that way, or the
+    pool is bounded (a blocked connection must not starve other calls), does a
+    waiter listen to the pub/sub feed instead.
+    """
 
     def __init__(self, backend: RedisBackend, name: str) -> None:
         super().__init__(backend.local_bus, name)
         self._backend = backend
-        self._channel = scripts.lock_keys(backend.prefix, name).channel
+        self._keys = scripts.lock_keys(backend.prefix, name)
+        self._channel = self._keys.channel
+        self._blocking = False
+
+    def __enter__(self) -> RedisWaiter:
+        if self._backend._take_blocking_slot():
+            self._blocking = True
+            return self
+        super().__enter__()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._blocking:
+            self._blocking = False
+            self._backend._give_blocking_slot()
+            return
+        super().__exit__(exc_type, exc, tb)
+
+    def wait(self, timeout: float) -> bool:
+        if not self._blocking:
+            return super().wait(timeout)
+        key = self._keys.signal if self.owner is None else self._keys.wake(self.owner)
+        return self._backend._block_on(key, timeout)
 
     def _join(self) -> Feed:
         return self._backend._subscribe(self._name, self._channel, self._event, self.owner)
@@ -391,6 +442,9 @@ class RedisBackend(Backend):
         )
         self._spares_pid = forks.pid()
         self._closed = False
+        # Waiters of this process now blocked on a connection of their own (BLPOP).
+        self._blocking = 0
+        self._blocking_pid = forks.pid()
 
     url_options = (
         Option(
@@ -606,8 +660,15 @@ class RedisBackend(Backend):
         replica_timeout: float = 1.0,
     ) -> Attempt:
         keys = scripts.lock_keys(self.prefix, name)
-        script_keys = [keys.lock, keys.fence, keys.queue, keys.queue_expiry]
-        args = [owner, str(_ms(ttl)), "" if queue_ttl is None else str(_ms(queue_ttl))]
+        script_keys = [keys.lock, keys.fence, keys.queue, keys.queue_expiry, keys.waiting]
+        args = [
+            owner,
+            str(_ms(ttl)),
+            "" if queue_ttl is None else str(_ms(queue_ttl)),
+            keys.wake(owner),
+            # Read at each call: the longest pause between a waiter's attempts.
+            str(_ms(lockflow.NOTIFIED_RECHECK * scripts.WAITING_PAUSES)),
+        ]
         acked: int | None = None
         if replicas:
             result, acked = self._acquire_and_wait(
@@ -657,8 +718,8 @@ class RedisBackend(Backend):
             self._release,
             name,
             "release",
-            [keys.lock, keys.queue, keys.queue_expiry],
-            [owner, hold, keys.channel],
+            [keys.lock, keys.queue, keys.queue_expiry, keys.signal, keys.waiting],
+            [owner, hold, keys.channel, keys.wake_prefix],
         )
         outcome = _OUTCOMES[int(result)]
         if outcome is Outcome.OK and hold_for <= 0:
@@ -687,7 +748,13 @@ class RedisBackend(Backend):
 
     def force_release(self, name: str) -> bool:
         keys = scripts.lock_keys(self.prefix, name)
-        result = self._run(self._force_release, name, "force-release", [keys.lock], [keys.channel])
+        result = self._run(
+            self._force_release,
+            name,
+            "force-release",
+            [keys.lock, keys.queue, keys.queue_expiry, keys.signal, keys.waiting],
+            [keys.channel, keys.wake_prefix],
+        )
         if int(result):
             self.local_bus.notify(name)
         return bool(int(result))
@@ -698,8 +765,8 @@ class RedisBackend(Backend):
             self._leave_queue,
             name,
             "leave the queue of",
-            [keys.queue, keys.queue_expiry],
-            [owner, keys.channel],
+            [keys.queue, keys.queue_expiry, keys.signal, keys.waiting],
+            [owner, keys.channel, keys.wake_prefix],
         )
         if int(result):
             self.local_bus.notify(name)
@@ -708,6 +775,53 @@ class RedisBackend(Backend):
 
     def waiter(self, name: str) -> RedisWaiter:
         return RedisWaiter(self, name)
+
+    def _take_blocking_slot(self) -> bool:
+        """May one more waiter of this process block a connection of its own?"""
+        if self._spares is None:
+            return False  # a bounded pool: see RedisWaiter
+        with self._feed_mutex:
+            if self._blocking_pid != forks.pid():
+                self._blocking_pid, self._blocking = forks.pid(), 0
+            if self._blocking >= MAX_BLOCKING or self._closed:
+                return False
+            self._blocking += 1
+            return True
+
+    def _give_blocking_slot(self) -> None:
+        with self._feed_mutex:
+            if self._blocking_pid == forks.pid() and self._blocking > 0:
+                self._blocking -= 1
+
+    def _block_on(self, key: str, timeout: float) -> bool:
+        """BLPOP `key` for up to `timeout` seconds; True when a token came (or on trouble).
+
+        Trouble (the server gone, the store closed) answers True: the caller's next
+        attempt reports it properly, within its own timeout.
+        """
+        seconds = min(timeout, self._timeout * WAIT_SHARE)
+        if seconds < 0.001:
+            return False
+        if self._closed:
+            return True
+        pool: Any = self._pool
+        try:
+            connection: Any = pool.get_connection()
+        except (RedisError, OSError):
+            return True
+        try:
+            connection.send_command("BLPOP", key, f"{seconds:.3f}")
+            reply = connection.read_response()
+        except (RedisError, OSError):
+            connection.disconnect()
+            return True
+        except BaseException:
+            # Cancelled while blocked: the reply may still come; never reuse the connection.
+            connection.disconnect()
+            raise
+        finally:
+            pool.release(connection)
+        return reply is not None
 
     def _current_feed(self) -> ReleaseFeed:
         with self._feed_mutex:
