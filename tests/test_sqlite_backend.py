@@ -446,6 +446,49 @@ def test_a_file_of_the_older_layout_keeps_its_locks_and_tokens(db_path: Path) ->
         assert lock.acquire() and lock.token is not None and lock.token > max(tokens)
 
 
+# What an older corral does on its first write to a file: it creates its tables only if one
+# of these is missing, then draws each token from the name's row in `fences`.
+OLDER_CORRAL_OBJECTS = ("corral_locks", "corral_fences", "corral_queue", "corral_queue_order")
+OLDER_CORRAL_DRAWS_A_TOKEN = "INSERT OR REPLACE INTO corral_fences (name, token) VALUES (?, ?)"
+
+
+def test_an_older_corral_cannot_acquire_in_a_file_this_version_created(
+    store: corral.Store, db_path: Path
+) -> None:
+    tokens = []
+    for _ in range(3):
+        lock = store.lock("x", ttl=60)
+        assert lock.acquire()
+        tokens.append(lock.token)
+        lock.release()
+    present = {row[0] for row in query(db_path, "SELECT name FROM sqlite_master")}
+    assert present.issuperset(OLDER_CORRAL_OBJECTS)  # so it would create nothing...
+    # ...and its first token, 1 for a name that had 1, 2, 3, is refused with a remedy.
+    with pytest.raises(sqlite3.IntegrityError, match="upgrade corral"):
+        query(db_path, OLDER_CORRAL_DRAWS_A_TOKEN, ("x", 1))
+    assert query(db_path, "SELECT count(*) FROM corral_fences") == [(0,)]
+    lock = store.lock("x", ttl=60)
+    assert lock.acquire() and lock.token is not None and lock.token > max(tokens)
+
+
+def test_a_file_without_the_guard_gets_it_from_the_next_process(
+    store: corral.Store, url: str, db_path: Path
+) -> None:
+    """A file whose `fences` table is missing (made before every file had one) gets it,
+    with its guard, from the first process of this version that writes to it; a process
+    that already has the file open goes on without noticing."""
+    lock = store.lock("x", ttl=60)
+    assert lock.acquire()
+    lock.release()
+    query(db_path, "DROP TABLE IF EXISTS corral_fences")  # and its trigger
+    assert in_other_process(url, ("try_acquire", ["y", "owner", 60])) == [True]
+    with pytest.raises(sqlite3.IntegrityError, match="upgrade corral"):
+        query(db_path, OLDER_CORRAL_DRAWS_A_TOKEN, ("x", 1))
+    again = store.lock("x", ttl=60)
+    assert again.acquire() and again.token is not None and again.token > (lock.token or 0) + 1
+    again.release()
+
+
 def test_the_first_use_by_many_processes_at_once_creates_the_tables_once(url: str) -> None:
     calls = [("try_acquire", [f"first-{i}", "owner", 60]) for i in range(3)]
     with contextlib.ExitStack() as stack:

@@ -53,6 +53,9 @@ token in `fences` and `locks` (so no token goes backwards), empties `fences`,
 and leaves a trigger on it that makes any acquisition by an older version of
 corral fail with a message saying to upgrade, rather than hand out tokens
 from a table nobody reads any more. Its releases and extensions still work.
+A new file gets the empty `fences` table and its trigger too: an older
+corral finds every table it knows and creates none, so it can never start a
+`fences` table of its own and count a name's tokens again from 1.
 
 **The clock.** A TTL is enforced by "the server's clock", and here the server
 is this machine, so every process must read the same clock, and it must not
@@ -241,7 +244,6 @@ class _Statements:
     def __init__(self, prefix: str) -> None:
         locks, queue, waiters = f"{prefix}locks", f"{prefix}queue", f"{prefix}waiters"
         sequence, fences = f"{prefix}sequence", f"{prefix}fences"
-        self.fences = fences
         self.sequence = sequence
         self.fences_guard = f"{prefix}fences_retired"
         # `expires_at` is a MachineClock reading, meaningful only in the boot `boot`.
@@ -255,6 +257,8 @@ class _Statements:
             waiters,
             f"{waiters}_expiry",
             sequence,
+            fences,
+            self.fences_guard,
         )
         self.schema = (
             # `name` is declared TEXT, but a name that is not plain text is a BLOB
@@ -296,15 +300,22 @@ class _Statements:
             ")",
             f"INSERT OR IGNORE INTO {sequence} (id, last, boot, sweep)"
             f" SELECT 0, COALESCE(MAX(token), 0), '', '' FROM {locks}",
-        )
-        self.migrate_fences = (
-            f"UPDATE {sequence} SET last = MAX(last,"
-            f" (SELECT COALESCE(MAX(token), 0) FROM {fences}))",
-            f"DELETE FROM {fences}",
+            # The per-name token table of older versions (see "Migration"): always
+            # present, so an older corral never creates it, and always empty, guarded
+            # so that an older corral's acquisition fails instead of drawing a token.
+            f"CREATE TABLE IF NOT EXISTS {fences} ("
+            " name TEXT PRIMARY KEY,"
+            " token INTEGER NOT NULL"
+            ") WITHOUT ROWID",
             f"CREATE TRIGGER IF NOT EXISTS {self.fences_guard} BEFORE INSERT ON {fences}"
             " BEGIN SELECT RAISE(ABORT, 'this corral database was upgraded by a newer"
             " version of corral, which counts fencing tokens elsewhere: upgrade corral"
             " in this program to acquire locks here'); END",
+            # Tokens an older corral drew before the guard existed: the counter starts
+            # above them. A no-op once `fences` is empty.
+            f"UPDATE {sequence} SET last = MAX(last,"
+            f" (SELECT COALESCE(MAX(token), 0) FROM {fences}))",
+            f"DELETE FROM {fences}",
         )
 
         self.live_lock = (
@@ -432,33 +443,23 @@ class SQLiteLocks:
         try:
             for statement in sql.schema:
                 conn.execute(statement)
-            if self._has(conn, sql.fences):
-                for statement in sql.migrate_fences:
-                    conn.execute(statement)
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
             raise
 
     def _schema_current(self, conn: sqlite3.Connection) -> bool:
-        # A read, so an up-to-date file needs no write lock to start.
+        # A read, so an up-to-date file needs no write lock to start. With the guard
+        # in place no older corral can have written to `fences` since.
         wanted = self._sql.schema_objects
         found = {
             row[0]
             for row in conn.execute(
-                "SELECT name FROM sqlite_master WHERE name IN"
-                f" ({', '.join('?' * (len(wanted) + 2))})",
-                (*wanted, self._sql.fences, self._sql.fences_guard),
+                f"SELECT name FROM sqlite_master WHERE name IN ({', '.join('?' * len(wanted))})",
+                wanted,
             )
         }
-        # An older corral may have (re)created `fences` without the guard since.
-        fences_settled = self._sql.fences not in found or self._sql.fences_guard in found
-        return found.issuperset(wanted) and fences_settled
-
-    @staticmethod
-    def _has(conn: sqlite3.Connection, table: str) -> bool:
-        query = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
-        return conn.execute(query, (table,)).fetchone() is not None
+        return found.issuperset(wanted)
 
     # -- transactions and errors -------------------------------------------------
 
