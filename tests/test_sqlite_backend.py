@@ -365,6 +365,22 @@ def test_expired_locks_are_swept_whatever_their_names(store: corral.Store, db_pa
     assert left == set(held)
 
 
+def test_an_expired_lock_named_by_the_empty_string_is_swept(
+    store: corral.Store, db_path: Path
+) -> None:
+    """The lock API refuses "", but the sweep must not depend on that: it starts from
+    the first name, not after it."""
+    backend = store.backend
+    assert backend.try_acquire("", "crashed", 0.2).acquired
+    assert backend.try_acquire("\x00", "crashed", 0.2).acquired  # the first BLOB name
+    time.sleep(0.5)
+    for _ in range(2):
+        name = fresh()
+        assert backend.try_acquire(name, "traffic", 60).acquired
+        backend.release(name, "traffic")
+    assert query(db_path, "SELECT count(*) FROM corral_locks") == [(0,)]
+
+
 class OtherBoot(MachineClock):
     """This machine's clock, but as if written in an earlier boot."""
 

@@ -336,12 +336,15 @@ class _Statements:
         self.next_token = (
             f"UPDATE {sequence} SET last = :token, boot = :boot, sweep = :sweep WHERE id = 0"
         )
-        # The next SWEEP rows of the locks table in key order (TEXT names sort before
-        # BLOB ones, and every name after ''): how many, the last, how many expired.
-        swept = f"SELECT name FROM {locks} WHERE name > :sweep ORDER BY name LIMIT {SWEEP}"
+        # The next SWEEP rows of the locks table in key order: how many, the last, how
+        # many expired. They come after the cursor `:sweep`, or from the very first
+        # name, '' included, when the cursor is '' (TEXT names sort before BLOB ones,
+        # and '' first of all).
+        after = "name >= :sweep AND (name > :sweep OR :sweep = '')"
+        swept = f"SELECT name FROM {locks} WHERE {after} ORDER BY name LIMIT {SWEEP}"
         self.sweep = (
             "SELECT count(*), max(name), COALESCE(sum(boot != :boot OR expires_at <= :now), 0)"
-            f" FROM (SELECT name, boot, expires_at FROM {locks} WHERE name > :sweep"
+            f" FROM (SELECT name, boot, expires_at FROM {locks} WHERE {after}"
             f" ORDER BY name LIMIT {SWEEP})"
         )
         self.sweep_expired = (
