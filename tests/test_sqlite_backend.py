@@ -238,6 +238,44 @@ def test_the_doorbell_reports_a_possibly_dropped_datagram() -> None:
         ringer.close()
 
 
+def test_receivers_that_never_read_cannot_silence_those_that_do() -> None:
+    """Datagrams waiting at a receiver count against the socket that sent them, so enough
+    receivers that never read (stopped processes) fill the sender's buffer, after which
+    every send from it fails, also to receivers that read, and nothing tells them. The
+    ringer then sends from a fresh socket."""
+    ringer = Ringer()
+    payload = wake_up_payload("x", None)
+    probe, healthy = Doorbell(), Doorbell()
+    stuck: list[Doorbell] = []
+    try:
+        ringer.ring([probe.address], payload)
+        full = ringer._socket
+        assert full is not None and probe.drain() == ([payload], False)
+        # Fill receivers' queues from the ringer's socket until it cannot send even to
+        # a receiver whose queue is empty: its own buffer is full.
+        while True:
+            assert len(stuck) < 1000, "the send buffer never filled"
+            bell = Doorbell()
+            stuck.append(bell)
+            for _ in range(bell.overflow_at + 2):
+                with contextlib.suppress(BlockingIOError):
+                    full.sendto(payload, bell.address)
+            try:
+                full.sendto(payload, probe.address)
+            except BlockingIOError:
+                break
+            probe.drain()
+        assert ringer.ring([healthy.address], payload) == []
+        assert healthy.drain() == ([payload], False)
+        # The fresh socket carries on; a stuck receiver's full queue only drops datagrams.
+        assert ringer.ring([stuck[0].address, healthy.address], payload) == []
+        assert healthy.drain() == ([payload], False)
+    finally:
+        for bell in [probe, healthy, *stuck]:
+            bell.close()
+        ringer.close()
+
+
 def test_a_lapsed_registration_is_renewed_and_its_waiters_re_attempt(
     store: corral.Store, url: str, db_path: Path
 ) -> None:
