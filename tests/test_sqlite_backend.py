@@ -448,6 +448,92 @@ def test_rows_of_an_earlier_boot_are_deleted_by_the_first_acquisition(
         assert query(db_path, "SELECT count(*) FROM corral_locks") == [(1,)]
 
 
+class UnknownBoot(MachineClock):
+    """This machine's clock, read by a process that cannot read the boot id (sandboxed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.boot_id = ""
+
+
+@pytest.fixture
+def known_and_blind(db_path: Path) -> Iterator[tuple[SQLiteBackend, SQLiteBackend]]:
+    """Two processes on one file: one reads the boot id, the other cannot."""
+    known = SQLiteBackend(str(db_path))
+    blind = SQLiteBackend(str(db_path), machine_clock=UnknownBoot())
+    assert known._db.clock.boot_id  # this machine has one
+    yield known, blind
+    known.close()
+    blind.close()
+
+
+def test_processes_that_cannot_read_the_boot_id_agree_on_who_holds_what(
+    known_and_blind: tuple[SQLiteBackend, SQLiteBackend],
+) -> None:
+    known, blind = known_and_blind
+    assert known.try_acquire("k", "known", 60).acquired
+    assert blind.try_acquire("b", "blind", 60).acquired
+    for backend in (known, blind):
+        assert not backend.try_acquire("k", "other", 60).acquired
+        assert not backend.try_acquire("b", "other", 60).acquired
+        assert [(i.owner if i else None) for i in map(backend.inspect, "kb")] == ["known", "blind"]
+    # Acquisitions by either side leave the other side's rows alone.
+    for backend in (blind, known, blind):
+        name = fresh()
+        assert backend.try_acquire(name, "traffic", 60).acquired
+        assert backend.release(name, "traffic") is Outcome.OK
+    assert known.inspect("b") is not None and blind.inspect("k") is not None
+    # A queue place counts for both.
+    assert not blind.try_acquire("k", "queued", 60, queue_ttl=30).acquired
+    assert known.release("k", "known") is Outcome.OK
+    assert not known.try_acquire("k", "newcomer", 60).acquired
+    assert blind.try_acquire("k", "queued", 60, queue_ttl=30).acquired
+    assert known.extend("k", "known", 60) is Outcome.LOST  # not EXPIRED: a live holder
+    assert blind.extend("b", "blind", 60) is Outcome.OK
+
+
+def test_only_a_process_that_reads_the_boot_id_forgets_an_earlier_boot(
+    db_path: Path, known_and_blind: tuple[SQLiteBackend, SQLiteBackend]
+) -> None:
+    known, blind = known_and_blind
+    before = SQLiteBackend(str(db_path), machine_clock=OtherBoot())
+    assert before.try_acquire("old", "holder", 600).acquired
+    before.close()
+    name = fresh()
+    assert known.try_acquire(name, "known", 60).acquired
+    assert known.inspect("old") is None
+    (boot,) = query(db_path, "SELECT boot FROM corral_sequence")[0]
+    assert boot == known._db.clock.boot_id
+    # A blind acquisition leaves the file's boot as it is, so nothing is forgotten twice.
+    assert blind.try_acquire(fresh(), "blind", 60).acquired
+    assert query(db_path, "SELECT boot FROM corral_sequence") == [(boot,)]
+    assert known.inspect(name) is not None
+    # What remains: a blind process cannot tell an earlier boot's row from a live one.
+    before = SQLiteBackend(str(db_path), machine_clock=OtherBoot())
+    assert before.try_acquire("older", "holder", 600).acquired
+    before.close()
+    assert not blind.try_acquire("older", "blind", 60).acquired
+    assert known.try_acquire("older", "known", 60).acquired
+
+
+def test_expired_rows_of_either_kind_of_process_are_collected_by_the_other(
+    db_path: Path, known_and_blind: tuple[SQLiteBackend, SQLiteBackend]
+) -> None:
+    for writer, collector in (known_and_blind, known_and_blind[::-1]):
+        names = [fresh() for _ in range(12)]
+        for name in names:
+            assert writer.try_acquire(name, "crashed", 0.2).acquired
+            assert not writer.try_acquire(name, "dies", 60, queue_ttl=0.2).acquired
+        writer._db.register(names, b"\0corral-dead-process", 0.2)
+        time.sleep(0.5)
+        for _ in range(4):
+            name = fresh()
+            assert collector.try_acquire(name, "traffic", 60).acquired
+            assert collector.release(name, "traffic") is Outcome.OK
+        for table in ("locks", "queue", "waiters"):
+            assert query(db_path, f"SELECT count(*) FROM corral_{table}") == [(0,)], table
+
+
 OLD_SCHEMA = (
     "CREATE TABLE corral_locks (name TEXT PRIMARY KEY, owner TEXT, token INTEGER NOT NULL,"
     " expires_at REAL NOT NULL, boot TEXT NOT NULL) WITHOUT ROWID",
