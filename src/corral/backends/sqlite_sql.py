@@ -76,11 +76,11 @@ alone, by everyone, and a process that cannot read it judges every row by
 its reading alone and never deletes rows for their boot. Processes that can
 and cannot read the id therefore never disagree about a row of this boot, so
 never both hold a lock. What remains: a row that a process without the id
-wrote in an earlier boot, and any earlier boot's row as such a process sees
-it, look live until the clock passes their readings, which after a reboot
-can take as long as the earlier boot lasted (`corral release --force` frees
-such a lock; a process that can read the id deletes the earlier boot's other
-rows with its first acquisition).
+wrote in an earlier boot looks live to everyone until the clock passes its
+reading, which after a reboot can take as long as the earlier boot lasted
+(`corral release NAME --force` deletes it), and a process without the id
+sees the earlier boot's other rows as live until a process with the id
+acquires a lock and so deletes them.
 """
 
 from __future__ import annotations
