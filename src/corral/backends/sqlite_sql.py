@@ -268,17 +268,29 @@ class _Statements:
         # `expires_at` is a MachineClock reading, meaningful only in the boot `boot`;
         # see "The clock" for rows and processes whose boot is unknown ('').
         if boot_known:
-            this_boot = "boot IN (:boot, '')"
-            live = f"{this_boot} AND expires_at > :now"
+            live = "boot IN (:boot, '') AND expires_at > :now"
             dead = "(boot NOT IN (:boot, '') OR expires_at <= :now)"
-            # Dead rows found through the (boot, expires_at) indexes; an earlier boot's
-            # rows are deleted all at once instead (`forget_earlier_boots`).
-            expired = f"{this_boot} AND expires_at <= :now"
+            # Dead rows found through the (boot, expires_at) indexes, one equality per
+            # boot (cheaper than an IN list, for which SQLite builds a table each time);
+            # an earlier boot's rows are deleted all at once (`forget_earlier_boots`).
+            boots: tuple[str, ...] = (":boot", "''")
         else:
+            live, dead = "expires_at > :now", "expires_at <= :now"
             # No index narrows this down: a scan of the expiry indexes, only in the
             # processes that cannot read the boot id.
-            live, dead = "expires_at > :now", "expires_at <= :now"
-            expired = dead
+            boots = ()
+
+        def expired(table: str) -> str:
+            """Whether `table` (queue or waiters) has a row for `collect` to delete."""
+            if not boots:
+                return f"EXISTS (SELECT 1 FROM {table} WHERE {dead})"
+            return " OR ".join(
+                f"EXISTS (SELECT 1 FROM {table} WHERE boot = {boot} AND expires_at <= :now)"
+                for boot in boots
+            )
+
+        # The dead rows `collect` deletes, once `expired` found some: not the hot path.
+        collectable = f"boot IN ({', '.join(boots)}) AND expires_at <= :now" if boots else dead
         self.schema_objects = (
             locks,
             queue,
@@ -360,8 +372,7 @@ class _Statements:
             f"SELECT (SELECT expires_at FROM {locks} WHERE name = :name AND {live}),"
             f" EXISTS (SELECT 1 FROM {queue} WHERE name = :name),"
             f" last, boot, sweep,"
-            f" EXISTS (SELECT 1 FROM {queue} WHERE {expired})"
-            f" OR EXISTS (SELECT 1 FROM {waiters} WHERE {expired})"
+            f" {expired(queue)} OR {expired(waiters)}"
             f" FROM {sequence} WHERE id = 0"
         )
         self.next_token = (
@@ -415,7 +426,7 @@ class _Statements:
         self.forget_listener = f"DELETE FROM {waiters} WHERE name = :name AND address = :address"
         self.collect = tuple(
             f"DELETE FROM {table} WHERE ({key}) IN"
-            f" (SELECT {key} FROM {table} WHERE {expired} LIMIT {COLLECT})"
+            f" (SELECT {key} FROM {table} WHERE {collectable} LIMIT {COLLECT})"
             for table, key in (
                 (queue, "name, owner"),
                 (waiters, "name, address"),
