@@ -238,6 +238,71 @@ def test_the_doorbell_reports_a_possibly_dropped_datagram() -> None:
         ringer.close()
 
 
+def test_receivers_that_never_read_cannot_silence_those_that_do() -> None:
+    """Datagrams waiting at a receiver count against the socket that sent them, so enough
+    receivers that never read (stopped processes) fill the sender's buffer, after which
+    every send from it fails, also to receivers that read, and nothing tells them. The
+    ringer then sends from a fresh socket."""
+    ringer = Ringer()
+    payload = wake_up_payload("x", None)
+    probe, healthy = Doorbell(), Doorbell()
+    stuck: list[Doorbell] = []
+    try:
+        ringer.ring([probe.address], payload)
+        full = ringer._socket
+        assert full is not None and probe.drain() == ([payload], False)
+        # Fill receivers' queues from the ringer's socket until it cannot send even to
+        # a receiver whose queue is empty: its own buffer is full.
+        while True:
+            assert len(stuck) < 400, "the send buffer never filled (net.core.wmem_default?)"
+            bell = Doorbell()
+            stuck.append(bell)
+            for _ in range(bell.overflow_at + 2):
+                with contextlib.suppress(BlockingIOError):
+                    full.sendto(payload, bell.address)
+            try:
+                full.sendto(payload, probe.address)
+            except BlockingIOError:
+                break
+            probe.drain()
+        assert ringer.ring([healthy.address], payload) == []
+        assert healthy.drain() == ([payload], False)
+        # The fresh socket carries on; a stuck receiver's full queue only drops datagrams.
+        assert ringer.ring([stuck[0].address, healthy.address], payload) == []
+        assert healthy.drain() == ([payload], False)
+    finally:
+        for bell in [probe, healthy, *stuck]:
+            bell.close()
+        ringer.close()
+
+
+def test_a_release_still_wakes_a_waiter_after_stuck_processes_filled_its_socket(
+    store: corral.Store, db_path: Path
+) -> None:
+    """The same through the backend: registrations of processes that never read (as a
+    stopped process leaves them) take every datagram until their queues are full, and
+    a waiter in another process is still woken by the next release."""
+    releaser = store.backend
+    name = fresh()
+    stuck = [Doorbell() for _ in range(100)]
+    waiting = SQLiteBackend(str(db_path))  # another store: its own socket, its own bus
+    try:
+        for bell in stuck:
+            releaser._db.register([name], bell.address, 600)
+        for _ in range(stuck[0].overflow_at + 2):
+            assert releaser.try_acquire(name, "holder", 60).acquired
+            assert releaser.release(name, "holder") is Outcome.OK
+        assert releaser.try_acquire(name, "holder", 60).acquired
+        with waiting.waiter(name) as waiter:
+            assert not waiting.try_acquire(name, "waiter", 60).acquired
+            assert releaser.release(name, "holder") is Outcome.OK
+            assert waiter.wait(DEADLINE)
+    finally:
+        waiting.close()
+        for bell in stuck:
+            bell.close()
+
+
 def test_a_lapsed_registration_is_renewed_and_its_waiters_re_attempt(
     store: corral.Store, url: str, db_path: Path
 ) -> None:
@@ -365,6 +430,22 @@ def test_expired_locks_are_swept_whatever_their_names(store: corral.Store, db_pa
     assert left == set(held)
 
 
+def test_an_expired_lock_named_by_the_empty_string_is_swept(
+    store: corral.Store, db_path: Path
+) -> None:
+    """The lock API refuses "", but the sweep must not depend on that: it starts from
+    the first name, not after it."""
+    backend = store.backend
+    assert backend.try_acquire("", "crashed", 0.2).acquired
+    assert backend.try_acquire("\x00", "crashed", 0.2).acquired  # the first BLOB name
+    time.sleep(0.5)
+    for _ in range(2):
+        name = fresh()
+        assert backend.try_acquire(name, "traffic", 60).acquired
+        backend.release(name, "traffic")
+    assert query(db_path, "SELECT count(*) FROM corral_locks") == [(0,)]
+
+
 class OtherBoot(MachineClock):
     """This machine's clock, but as if written in an earlier boot."""
 
@@ -392,6 +473,92 @@ def test_rows_of_an_earlier_boot_are_deleted_by_the_first_acquisition(
         for table in ("queue", "waiters"):
             assert query(db_path, f"SELECT count(*) FROM corral_{table}") == [(0,)]
         assert query(db_path, "SELECT count(*) FROM corral_locks") == [(1,)]
+
+
+class UnknownBoot(MachineClock):
+    """This machine's clock, read by a process that cannot read the boot id (sandboxed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.boot_id = ""
+
+
+@pytest.fixture
+def known_and_blind(db_path: Path) -> Iterator[tuple[SQLiteBackend, SQLiteBackend]]:
+    """Two processes on one file: one reads the boot id, the other cannot."""
+    known = SQLiteBackend(str(db_path))
+    blind = SQLiteBackend(str(db_path), machine_clock=UnknownBoot())
+    assert known._db.clock.boot_id  # this machine has one
+    yield known, blind
+    known.close()
+    blind.close()
+
+
+def test_processes_that_cannot_read_the_boot_id_agree_on_who_holds_what(
+    known_and_blind: tuple[SQLiteBackend, SQLiteBackend],
+) -> None:
+    known, blind = known_and_blind
+    assert known.try_acquire("k", "known", 60).acquired
+    assert blind.try_acquire("b", "blind", 60).acquired
+    for backend in (known, blind):
+        assert not backend.try_acquire("k", "other", 60).acquired
+        assert not backend.try_acquire("b", "other", 60).acquired
+        assert [(i.owner if i else None) for i in map(backend.inspect, "kb")] == ["known", "blind"]
+    # Acquisitions by either side leave the other side's rows alone.
+    for backend in (blind, known, blind):
+        name = fresh()
+        assert backend.try_acquire(name, "traffic", 60).acquired
+        assert backend.release(name, "traffic") is Outcome.OK
+    assert known.inspect("b") is not None and blind.inspect("k") is not None
+    # A queue place counts for both.
+    assert not blind.try_acquire("k", "queued", 60, queue_ttl=30).acquired
+    assert known.release("k", "known") is Outcome.OK
+    assert not known.try_acquire("k", "newcomer", 60).acquired
+    assert blind.try_acquire("k", "queued", 60, queue_ttl=30).acquired
+    assert known.extend("k", "known", 60) is Outcome.LOST  # not EXPIRED: a live holder
+    assert blind.extend("b", "blind", 60) is Outcome.OK
+
+
+def test_only_a_process_that_reads_the_boot_id_forgets_an_earlier_boot(
+    db_path: Path, known_and_blind: tuple[SQLiteBackend, SQLiteBackend]
+) -> None:
+    known, blind = known_and_blind
+    before = SQLiteBackend(str(db_path), machine_clock=OtherBoot())
+    assert before.try_acquire("old", "holder", 600).acquired
+    before.close()
+    name = fresh()
+    assert known.try_acquire(name, "known", 60).acquired
+    assert known.inspect("old") is None
+    (boot,) = query(db_path, "SELECT boot FROM corral_sequence")[0]
+    assert boot == known._db.clock.boot_id
+    # A blind acquisition leaves the file's boot as it is, so nothing is forgotten twice.
+    assert blind.try_acquire(fresh(), "blind", 60).acquired
+    assert query(db_path, "SELECT boot FROM corral_sequence") == [(boot,)]
+    assert known.inspect(name) is not None
+    # What remains: a blind process cannot tell an earlier boot's row from a live one.
+    before = SQLiteBackend(str(db_path), machine_clock=OtherBoot())
+    assert before.try_acquire("older", "holder", 600).acquired
+    before.close()
+    assert not blind.try_acquire("older", "blind", 60).acquired
+    assert known.try_acquire("older", "known", 60).acquired
+
+
+def test_expired_rows_of_either_kind_of_process_are_collected_by_the_other(
+    db_path: Path, known_and_blind: tuple[SQLiteBackend, SQLiteBackend]
+) -> None:
+    for writer, collector in (known_and_blind, known_and_blind[::-1]):
+        names = [fresh() for _ in range(12)]
+        for name in names:
+            assert writer.try_acquire(name, "crashed", 0.2).acquired
+            assert not writer.try_acquire(name, "dies", 60, queue_ttl=0.2).acquired
+        writer._db.register(names, b"\0corral-dead-process", 0.2)
+        time.sleep(0.5)
+        for _ in range(4):
+            name = fresh()
+            assert collector.try_acquire(name, "traffic", 60).acquired
+            assert collector.release(name, "traffic") is Outcome.OK
+        for table in ("locks", "queue", "waiters"):
+            assert query(db_path, f"SELECT count(*) FROM corral_{table}") == [(0,)], table
 
 
 OLD_SCHEMA = (
@@ -444,6 +611,49 @@ def test_a_file_of_the_older_layout_keeps_its_locks_and_tokens(db_path: Path) ->
         assert store.lock_info("held") is None
         lock = store.lock("held", ttl=60)
         assert lock.acquire() and lock.token is not None and lock.token > max(tokens)
+
+
+# What an older corral does on its first write to a file: it creates its tables only if one
+# of these is missing, then draws each token from the name's row in `fences`.
+OLDER_CORRAL_OBJECTS = ("corral_locks", "corral_fences", "corral_queue", "corral_queue_order")
+OLDER_CORRAL_DRAWS_A_TOKEN = "INSERT OR REPLACE INTO corral_fences (name, token) VALUES (?, ?)"
+
+
+def test_an_older_corral_cannot_acquire_in_a_file_this_version_created(
+    store: corral.Store, db_path: Path
+) -> None:
+    tokens = []
+    for _ in range(3):
+        lock = store.lock("x", ttl=60)
+        assert lock.acquire()
+        tokens.append(lock.token)
+        lock.release()
+    present = {row[0] for row in query(db_path, "SELECT name FROM sqlite_master")}
+    assert present.issuperset(OLDER_CORRAL_OBJECTS)  # so it would create nothing...
+    # ...and its first token, 1 for a name that had 1, 2, 3, is refused with a remedy.
+    with pytest.raises(sqlite3.IntegrityError, match="upgrade corral"):
+        query(db_path, OLDER_CORRAL_DRAWS_A_TOKEN, ("x", 1))
+    assert query(db_path, "SELECT count(*) FROM corral_fences") == [(0,)]
+    lock = store.lock("x", ttl=60)
+    assert lock.acquire() and lock.token is not None and lock.token > max(tokens)
+
+
+def test_a_file_without_the_guard_gets_it_from_the_next_process(
+    store: corral.Store, url: str, db_path: Path
+) -> None:
+    """A file whose `fences` table is missing (made before every file had one) gets it,
+    with its guard, from the first process of this version that writes to it; a process
+    that already has the file open goes on without noticing."""
+    lock = store.lock("x", ttl=60)
+    assert lock.acquire()
+    lock.release()
+    query(db_path, "DROP TABLE IF EXISTS corral_fences")  # and its trigger
+    assert in_other_process(url, ("try_acquire", ["y", "owner", 60])) == [True]
+    with pytest.raises(sqlite3.IntegrityError, match="upgrade corral"):
+        query(db_path, OLDER_CORRAL_DRAWS_A_TOKEN, ("x", 1))
+    again = store.lock("x", ttl=60)
+    assert again.acquire() and again.token is not None and again.token > (lock.token or 0) + 1
+    again.release()
 
 
 def test_the_first_use_by_many_processes_at_once_creates_the_tables_once(url: str) -> None:

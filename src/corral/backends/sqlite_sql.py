@@ -33,7 +33,7 @@ have one: places of waiters that died and registrations of processes that
 died are deleted `COLLECT` at a time by every granted acquisition and every
 registration. Nothing accumulates, and no command has to purge the file.
 After a reboot every row is of an earlier boot: the first acquisition
-deletes them all.
+deletes them all (see "The clock" for rows whose boot is unknown).
 
 **Names.** Any `str` is a name. A name that is valid UTF-8 without NUL is
 stored as TEXT (readable with the sqlite3 shell); any other (a lone
@@ -53,6 +53,9 @@ token in `fences` and `locks` (so no token goes backwards), empties `fences`,
 and leaves a trigger on it that makes any acquisition by an older version of
 corral fail with a message saying to upgrade, rather than hand out tokens
 from a table nobody reads any more. Its releases and extensions still work.
+A new file gets the empty `fences` table and its trigger too: an older
+corral finds every table it knows and creates none, so it can never start a
+`fences` table of its own and count a name's tokens again from 1.
 
 **The clock.** A TTL is enforced by "the server's clock", and here the server
 is this machine, so every process must read the same clock, and it must not
@@ -64,6 +67,20 @@ earlier boot is expired, whatever its reading says (otherwise an old reading
 would look hours in the future). Elsewhere `time.time()` stands in: shared by
 all processes and comparable across boots, but it moves when the wall clock
 is set.
+
+**A boot id that cannot be read** (a sandbox that hides `/proc`) is unknown,
+stored as '', and never judged to be another boot: only a row and a process
+that both know their boot ids, and differ, make a row one of an earlier boot.
+A row written by a process that cannot read the id is judged by its reading
+alone, by everyone, and a process that cannot read it judges every row by
+its reading alone and never deletes rows for their boot. Processes that can
+and cannot read the id therefore never disagree about a row of this boot, so
+never both hold a lock. What remains: a row that a process without the id
+wrote in an earlier boot looks live to everyone until the clock passes its
+reading, which after a reboot can take as long as the earlier boot lasted
+(`corral release NAME --force` deletes it), and a process without the id
+sees the earlier boot's other rows as live until a process with the id
+acquires a lock and so deletes them.
 """
 
 from __future__ import annotations
@@ -205,17 +222,22 @@ def _boot_id() -> str:
     try:
         with open(_BOOT_ID_FILE, encoding="ascii") as file:
             return file.read().strip()
-    except OSError:
-        # Without /proc every process here reads "" alike, so they still agree; only
-        # rows from an earlier boot may then look live until their readings pass.
-        log.warning("cannot read %s; locks may outlive a reboot", _BOOT_ID_FILE)
+    except (OSError, ValueError) as exc:
+        # Unknown (""): see "A boot id that cannot be read" for why that is safe.
+        log.warning(
+            "cannot read %s (%s); after a reboot, locks this process took or sees may "
+            "look held until the clock passes their old readings",
+            _BOOT_ID_FILE,
+            exc,
+        )
         return ""
 
 
 class MachineClock:
     """Seconds on a clock every process on this machine shares, and which boot they belong to.
 
-    See the module docstring for why `CLOCK_BOOTTIME` and the boot id.
+    See the module docstring for why `CLOCK_BOOTTIME` and the boot id; `boot_id`
+    is "" when it cannot be read.
     """
 
     def __init__(self) -> None:
@@ -238,15 +260,37 @@ class MachineClock:
 class _Statements:
     """The SQL, with the table prefix filled in (checked to be a plain identifier)."""
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, *, boot_known: bool) -> None:
         locks, queue, waiters = f"{prefix}locks", f"{prefix}queue", f"{prefix}waiters"
         sequence, fences = f"{prefix}sequence", f"{prefix}fences"
-        self.fences = fences
         self.sequence = sequence
         self.fences_guard = f"{prefix}fences_retired"
-        # `expires_at` is a MachineClock reading, meaningful only in the boot `boot`.
-        live = "boot = :boot AND expires_at > :now"
-        expired = "boot = :boot AND expires_at <= :now"
+        # `expires_at` is a MachineClock reading, meaningful only in the boot `boot`;
+        # see "The clock" for rows and processes whose boot is unknown ('').
+        if boot_known:
+            live = "boot IN (:boot, '') AND expires_at > :now"
+            dead = "(boot NOT IN (:boot, '') OR expires_at <= :now)"
+            # Dead rows found through the (boot, expires_at) indexes, one equality per
+            # boot (cheaper than an IN list, for which SQLite builds a table each time);
+            # an earlier boot's rows are deleted all at once (`forget_earlier_boots`).
+            boots: tuple[str, ...] = (":boot", "''")
+        else:
+            live, dead = "expires_at > :now", "expires_at <= :now"
+            # No index narrows this down: a scan of the expiry indexes, only in the
+            # processes that cannot read the boot id.
+            boots = ()
+
+        def expired(table: str) -> str:
+            """Whether `table` (queue or waiters) has a row for `collect` to delete."""
+            if not boots:
+                return f"EXISTS (SELECT 1 FROM {table} WHERE {dead})"
+            return " OR ".join(
+                f"EXISTS (SELECT 1 FROM {table} WHERE boot = {boot} AND expires_at <= :now)"
+                for boot in boots
+            )
+
+        # The dead rows `collect` deletes, once `expired` found some: not the hot path.
+        collectable = f"boot IN ({', '.join(boots)}) AND expires_at <= :now" if boots else dead
         self.schema_objects = (
             locks,
             queue,
@@ -255,6 +299,8 @@ class _Statements:
             waiters,
             f"{waiters}_expiry",
             sequence,
+            fences,
+            self.fences_guard,
         )
         self.schema = (
             # `name` is declared TEXT, but a name that is not plain text is a BLOB
@@ -286,8 +332,9 @@ class _Statements:
             ") WITHOUT ROWID",
             f"CREATE INDEX IF NOT EXISTS {waiters}_expiry ON {waiters} (boot, expires_at)",
             # The store's token counter; `boot` is the boot whose rows are the only ones
-            # left (an earlier boot's rows are all deleted when the boot changes), and
-            # `sweep` the name after which the next sweep of the locks table starts.
+            # left with a known boot id (an earlier boot's are all deleted when it
+            # changes; a process without a boot id leaves it as it is), and `sweep`
+            # the name after which the next sweep of the locks table starts.
             f"CREATE TABLE IF NOT EXISTS {sequence} ("
             " id INTEGER PRIMARY KEY CHECK (id = 0),"
             " last INTEGER NOT NULL,"
@@ -296,15 +343,22 @@ class _Statements:
             ")",
             f"INSERT OR IGNORE INTO {sequence} (id, last, boot, sweep)"
             f" SELECT 0, COALESCE(MAX(token), 0), '', '' FROM {locks}",
-        )
-        self.migrate_fences = (
-            f"UPDATE {sequence} SET last = MAX(last,"
-            f" (SELECT COALESCE(MAX(token), 0) FROM {fences}))",
-            f"DELETE FROM {fences}",
+            # The per-name token table of older versions (see "Migration"): always
+            # present, so an older corral never creates it, and always empty, guarded
+            # so that an older corral's acquisition fails instead of drawing a token.
+            f"CREATE TABLE IF NOT EXISTS {fences} ("
+            " name TEXT PRIMARY KEY,"
+            " token INTEGER NOT NULL"
+            ") WITHOUT ROWID",
             f"CREATE TRIGGER IF NOT EXISTS {self.fences_guard} BEFORE INSERT ON {fences}"
             " BEGIN SELECT RAISE(ABORT, 'this corral database was upgraded by a newer"
             " version of corral, which counts fencing tokens elsewhere: upgrade corral"
             " in this program to acquire locks here'); END",
+            # Tokens an older corral drew before the guard existed: the counter starts
+            # above them. A no-op once `fences` is empty.
+            f"UPDATE {sequence} SET last = MAX(last,"
+            f" (SELECT COALESCE(MAX(token), 0) FROM {fences}))",
+            f"DELETE FROM {fences}",
         )
 
         self.live_lock = (
@@ -318,24 +372,24 @@ class _Statements:
             f"SELECT (SELECT expires_at FROM {locks} WHERE name = :name AND {live}),"
             f" EXISTS (SELECT 1 FROM {queue} WHERE name = :name),"
             f" last, boot, sweep,"
-            f" EXISTS (SELECT 1 FROM {queue} WHERE {expired})"
-            f" OR EXISTS (SELECT 1 FROM {waiters} WHERE {expired})"
+            f" {expired(queue)} OR {expired(waiters)}"
             f" FROM {sequence} WHERE id = 0"
         )
         self.next_token = (
-            f"UPDATE {sequence} SET last = :token, boot = :boot, sweep = :sweep WHERE id = 0"
+            f"UPDATE {sequence} SET last = :token, boot = :file_boot, sweep = :sweep WHERE id = 0"
         )
-        # The next SWEEP rows of the locks table in key order (TEXT names sort before
-        # BLOB ones, and every name after ''): how many, the last, how many expired.
-        swept = f"SELECT name FROM {locks} WHERE name > :sweep ORDER BY name LIMIT {SWEEP}"
+        # The next SWEEP rows of the locks table in key order: how many, the last, how
+        # many expired. They come after the cursor `:sweep`, or from the very first
+        # name, '' included, when the cursor is '' (TEXT names sort before BLOB ones,
+        # and '' first of all).
+        after = "name >= :sweep AND (name > :sweep OR :sweep = '')"
+        swept = f"SELECT name FROM {locks} WHERE {after} ORDER BY name LIMIT {SWEEP}"
         self.sweep = (
-            "SELECT count(*), max(name), COALESCE(sum(boot != :boot OR expires_at <= :now), 0)"
-            f" FROM (SELECT name, boot, expires_at FROM {locks} WHERE name > :sweep"
+            f"SELECT count(*), max(name), COALESCE(sum({dead}), 0)"
+            f" FROM (SELECT name, boot, expires_at FROM {locks} WHERE {after}"
             f" ORDER BY name LIMIT {SWEEP})"
         )
-        self.sweep_expired = (
-            f"DELETE FROM {locks} WHERE name IN ({swept}) AND (boot != :boot OR expires_at <= :now)"
-        )
+        self.sweep_expired = f"DELETE FROM {locks} WHERE name IN ({swept}) AND {dead}"
         self.set_lock = (
             f"INSERT OR REPLACE INTO {locks} (name, owner, token, expires_at, boot)"
             " VALUES (:name, :owner, :token, :expires_at, :boot)"
@@ -350,9 +404,7 @@ class _Statements:
             f" WHERE name = :name AND owner = :owner AND {live}"
         )
         self.delete_live = f"DELETE FROM {locks} WHERE name = :name AND {live}"
-        self.purge_queue = (
-            f"DELETE FROM {queue} WHERE name = :name AND (boot != :boot OR expires_at <= :now)"
-        )
+        self.purge_queue = f"DELETE FROM {queue} WHERE name = :name AND {dead}"
         self.refresh_place = (
             f"UPDATE {queue} SET expires_at = :expires_at WHERE name = :name AND owner = :owner"
         )
@@ -374,14 +426,17 @@ class _Statements:
         self.forget_listener = f"DELETE FROM {waiters} WHERE name = :name AND address = :address"
         self.collect = tuple(
             f"DELETE FROM {table} WHERE ({key}) IN"
-            f" (SELECT {key} FROM {table} WHERE {expired} LIMIT {COLLECT})"
+            f" (SELECT {key} FROM {table} WHERE {collectable} LIMIT {COLLECT})"
             for table, key in (
                 (queue, "name, owner"),
                 (waiters, "name, address"),
             )
         )
+        # Only a process that knows this boot may judge another boot's rows dead.
         self.forget_earlier_boots = tuple(
-            f"DELETE FROM {table} WHERE boot != :boot" for table in (locks, queue, waiters)
+            f"DELETE FROM {table} WHERE boot NOT IN (:boot, '')"
+            for table in (locks, queue, waiters)
+            if boot_known
         )
 
 
@@ -410,7 +465,7 @@ class SQLiteLocks:
         self.timeout = options.timeout
         self.server = f"sqlite:///{self.path}"
         self.clock = clock or MachineClock()
-        self._sql = _Statements(options.table_prefix)
+        self._sql = _Statements(options.table_prefix, boot_known=bool(self.clock.boot_id))
         self._connection = Connection(self.path, self.timeout, self._prepare)
         self._ringer = Ringer()
         # Registrations whose socket was found gone, deleted by the next write. No lock
@@ -432,33 +487,23 @@ class SQLiteLocks:
         try:
             for statement in sql.schema:
                 conn.execute(statement)
-            if self._has(conn, sql.fences):
-                for statement in sql.migrate_fences:
-                    conn.execute(statement)
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
             raise
 
     def _schema_current(self, conn: sqlite3.Connection) -> bool:
-        # A read, so an up-to-date file needs no write lock to start.
+        # A read, so an up-to-date file needs no write lock to start. With the guard
+        # in place no older corral can have written to `fences` since.
         wanted = self._sql.schema_objects
         found = {
             row[0]
             for row in conn.execute(
-                "SELECT name FROM sqlite_master WHERE name IN"
-                f" ({', '.join('?' * (len(wanted) + 2))})",
-                (*wanted, self._sql.fences, self._sql.fences_guard),
+                f"SELECT name FROM sqlite_master WHERE name IN ({', '.join('?' * len(wanted))})",
+                wanted,
             )
         }
-        # An older corral may have (re)created `fences` without the guard since.
-        fences_settled = self._sql.fences not in found or self._sql.fences_guard in found
-        return found.issuperset(wanted) and fences_settled
-
-    @staticmethod
-    def _has(conn: sqlite3.Connection, table: str) -> bool:
-        query = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
-        return conn.execute(query, (table,)).fetchone() is not None
+        return found.issuperset(wanted)
 
     # -- transactions and errors -------------------------------------------------
 
@@ -579,16 +624,17 @@ class SQLiteLocks:
                     return Attempt(False)
                 conn.execute(sql.leave_queue, p)
             token = last + 1
-            if boot != self.clock.boot_id:
+            if boot != self.clock.boot_id and self.clock.boot_id:
                 for statement in sql.forget_earlier_boots:
                     conn.execute(statement, p)
+                boot = self.clock.boot_id
             swept = {**p, "sweep": sweep}
             seen, last_seen, expired = conn.execute(sql.sweep, swept).fetchone()
             if expired:
                 conn.execute(sql.sweep_expired, swept)
             # A short batch means the end of the table: the next sweep starts over.
             swept["sweep"] = last_seen if seen == SWEEP else ""
-            conn.execute(sql.next_token, {**swept, "token": token})
+            conn.execute(sql.next_token, {**swept, "token": token, "file_boot": boot})
             conn.execute(sql.set_lock, {**p, "token": token, "expires_at": now + ttl})
             if any_expired:
                 self._collect(conn, p)

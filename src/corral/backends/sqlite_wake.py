@@ -16,15 +16,29 @@ killed. Elsewhere it is a socket file in a private temporary directory
 (mode 0700), removed when the store is closed; a killed process leaves that
 directory behind in the temporary folder, as any crashed program does.
 
-**Never blocking a release.** Datagrams are sent without waiting
-(`MSG_DONTWAIT` on a non-blocking socket). An address whose socket is gone
-(a crashed process) refuses at once and is reported back, so its
-registration can be deleted; a full receive queue (`EAGAIN`) drops the
-datagram. That loss is detected at the receiving end instead: Linux queues
-at most `net.unix.max_dgram_qlen` datagrams per socket (10 by default)
-before it refuses more, so a listener that reads that many in one pass
-may have missed one and wakes every waiter it has (`Doorbell.drain`). A
-wake-up therefore never goes missing without its waiters re-attempting.
+**Never blocking a release.** Datagrams are sent without waiting (a
+non-blocking socket). An address whose socket is gone (a crashed process)
+refuses at once and is reported back, so its registration can be deleted; a
+full receive queue (`EAGAIN`) drops the datagram. That loss is detected at
+the receiving end instead: Linux queues at most `net.unix.max_dgram_qlen`
+datagrams per socket (10 by default) before it refuses more, so a listener
+that reads that many in one pass may have missed one and wakes every waiter
+it has (`Doorbell.drain`).
+
+**A full send buffer.** `EAGAIN` has a second cause that nobody would
+notice: a datagram waiting in a receiver's queue is charged to the socket
+that sent it, so a few dozen receivers that do not read (stopped processes,
+each holding a full queue) fill the sending socket's buffer, and from then
+on every send from it fails, to receivers that read as well. So on `EAGAIN`
+the `Ringer` sends once more from a fresh socket, whose buffer is empty: if
+that one delivers, it replaces the full one; if it is refused too, the
+receiver's own queue is full, and the receiver notices. What bounds the
+damage: a receiver's queue holds at most `max_dgram_qlen` + 1 datagrams,
+whoever sent them, so a stopped process pins at most that many (a few kB,
+freed when it reads or dies), and it stops being sent anything once its
+registration lapses (`REGISTRATION_TTL`, as it cannot renew it); until then
+each release that names it costs one extra socket. A wake-up therefore never
+goes missing without its waiters re-attempting.
 
 **What a datagram says.** One version byte, the 16-byte BLAKE2b digest of
 the lock name (names are any `str`, up to megabytes, and a datagram must
@@ -172,11 +186,12 @@ class Doorbell:
 
 
 class Ringer:
-    """Sends wake-ups from this process: one unbound socket, opened on first use (per pid).
+    """Sends wake-ups from this process: one unbound socket at a time, opened on first use.
 
-    No lock: two threads that race to open it each send on their own, and the
-    socket that loses is closed by the garbage collector; a lock held by a
-    parent thread at a fork would instead hang the child.
+    No lock: two threads that race to open or replace it each send on their
+    own, and the socket that loses is closed once no thread sends on it any
+    more (`_SendingSocket`); a lock held by a parent thread at a fork would
+    instead hang the child, which opens a socket of its own.
     """
 
     def __init__(self) -> None:
@@ -190,31 +205,69 @@ class Ringer:
             return []
         gone: list[bytes] = []
         for address in addresses:
-            try:
-                sock.sendto(payload, address)
-            except OSError as exc:
-                if exc.errno in _GONE:
-                    gone.append(address)
-                else:
-                    # EAGAIN: the receiver's queue is full; it notices and wakes everyone.
-                    log.debug("wake-up datagram not sent (%s)", exc)
+            error = _send(sock, payload, address)
+            if isinstance(error, BlockingIOError):
+                # This socket's buffer or the receiver's queue is full; see "A full
+                # send buffer" for why a fresh socket tells them apart.
+                fresh = self._open()
+                if fresh is not None:
+                    error = _send(fresh, payload, address)
+                    if error is None:
+                        if self._pid == os.getpid():
+                            self._socket = fresh
+                        sock = fresh
+                    else:
+                        fresh.close()
+            if error is None:
+                continue
+            if error.errno in _GONE:
+                gone.append(address)
+            else:
+                # EAGAIN from an empty socket: the receiver's queue is full; it notices.
+                log.debug("wake-up datagram not sent (%s)", error)
         return gone
 
     def _sending_socket(self) -> socket.socket | None:
         sock = self._socket
         if sock is None or self._pid != os.getpid():
-            try:
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-            except OSError as exc:
-                log.debug("cannot open a socket to send wake-ups (%s)", exc)
-                return None
-            sock.setblocking(False)
             # A forked child's copy of the parent's socket is left to the garbage
             # collector: closing a copied descriptor does not touch the parent's.
-            self._socket, self._pid = sock, os.getpid()
+            sock = self._open()
+            if sock is not None:
+                self._socket, self._pid = sock, os.getpid()
+        return sock
+
+    @staticmethod
+    def _open() -> socket.socket | None:
+        try:
+            sock = _SendingSocket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        except OSError as exc:
+            log.debug("cannot open a socket to send wake-ups (%s)", exc)
+            return None
+        sock.setblocking(False)
         return sock
 
     def close(self) -> None:
         sock, self._socket = self._socket, None
         if sock is not None:
             sock.close()
+
+
+def _send(sock: socket.socket, payload: bytes, address: bytes) -> OSError | None:
+    try:
+        sock.sendto(payload, address)
+    except OSError as exc:
+        return exc
+    return None
+
+
+class _SendingSocket(socket.socket):
+    """A socket that other threads may still be sending on when the ringer drops it.
+
+    Closing it then could close a descriptor number that another thread is
+    about to use (and that may meanwhile name something else); it is closed
+    instead when the last reference to it goes, which no sender still holds.
+    """
+
+    def __del__(self) -> None:
+        self.close()

@@ -337,7 +337,8 @@ class AsyncSQLiteBackend(AsyncBackend):
         ttl_clock="this machine's boot-time clock (its wall clock off Linux)",
         on_client_crash="the lock stays held until its TTL runs out, then anyone may take it",
         on_server_restart=(
-            "a reboot of the machine expires every lock; fencing tokens keep increasing, "
+            "a reboot of the machine expires every lock (but see On SQLite for processes "
+            "that cannot read the kernel's boot id); fencing tokens keep increasing, "
             "unless a power cut lost their last commits"
         ),
         on_partition="not applicable: every process is on the one machine that has the file",
