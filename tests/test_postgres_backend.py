@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
+import re
 import secrets
 import signal
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import psycopg
 import pytest
@@ -64,6 +68,11 @@ def rows_of(url: str, store: Any) -> list[tuple[Any, ...]]:
     return query(url, f"SELECT name, owner FROM {statements.locks} ORDER BY name") + query(
         url, f"SELECT name, owner FROM {statements.queue} ORDER BY name"
     )
+
+
+def everything_shown(exc: BaseException) -> str:
+    """What a user could see of `exc`: its traceback with every chained exception."""
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)) + repr(exc)
 
 
 def wait_until(condition: Any, timeout: float = 10.0) -> None:
@@ -243,7 +252,7 @@ def test_passwords_reach_libpq_and_nothing_else() -> None:
         "postgresql://app:p%40ss%2Fw%3Ard%25@h/db": "p@ss/w:rd%",
         "postgresql://app:first@h/db?password=second": "second",
         "postgresql://app@h/db?password=s3cret&sslmode=require": "s3cret",
-        "postgresql://app:pa?ss@h/db": "pa?ss",  # as libpq reads it: up to the first @
+        "postgresql://app:pa%3Fss%23w%2Frd@h/db": "pa?ss#w/rd",
     }
     for url, password in cases.items():
         options = parse_url(url, {})
@@ -261,6 +270,31 @@ def test_passwords_reach_libpq_and_nothing_else() -> None:
         with pytest.raises(ConfigError, match=why) as caught:
             parse_url(bad, {})
         assert "s3cret" not in str(caught.value) and "ss@" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "password", ["Sec1/Ret2", "Sec1?Ret2", "Sec1#Ret2", "aGVsbG8/d29ybGQ+Zm9v", "Sec1/Ret2?Mid3"]
+)
+@pytest.mark.parametrize("query", ["", "?sslmode=disable"])
+def test_a_password_with_an_unencoded_slash_question_mark_or_hash_is_refused(
+    password: str, query: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Reproduces a leak: with an unencoded '/' (base64 passwords have them), libpq read
+    the password's head as host and port and its tail as the database, and every message
+    and repr showed them. Such a URL is refused, quoting no part of the password, and its
+    percent-encoded form works."""
+    caplog.set_level(logging.DEBUG)
+    pieces = re.split(r"[/?#]", password)
+    url = f"postgresql://app:{password}@127.0.0.1:9/db{query}"
+    for connect in (lambda: corral.connect(url, timeout=1), lambda: parse_url(url, {})):
+        with pytest.raises(ConfigError, match="percent-encode") as caught:
+            connect()
+        shown = everything_shown(caught.value) + caplog.text
+        assert not [piece for piece in pieces if piece in shown], shown
+    encoded = parse_url(f"postgresql://app:{quote(password, safe='')}@127.0.0.1:9/db{query}", {})
+    assert conninfo_to_dict(encoded.conninfo)["password"] == password
+    assert encoded.server == "postgresql://app@127.0.0.1:9/db"
+    assert not [piece for piece in pieces if piece in repr(encoded) + caplog.text]
 
 
 def test_libpq_parameters_pass_and_unknown_ones_are_named() -> None:

@@ -94,7 +94,9 @@ would releases start failing, and terminating that session ends it.
 `sslpassword` and libpq's other secrets) is taken out of the URL before libpq
 parses the rest, so no libpq message about a malformed URL can quote it; it
 goes into the connection string only, which nothing prints (`PostgresOptions`
-leaves it out of its repr).
+leaves it out of its repr). A URL whose user info holds an unencoded `/`, `?`
+or `#` is refused, as where its password ends would be a guess
+(`_check_userinfo`).
 
 **Timeouts.** libpq has no timeout for a statement already sent: a server
 that stops answering (SIGSTOP, a hung VM, a dropped route) leaves the client
@@ -248,6 +250,7 @@ def parse_url(url: str, options: Mapping[str, object]) -> PostgresOptions:
     scheme, sep, rest = url.partition("://")
     if not sep or scheme.lower() not in ("postgresql", "postgres"):
         raise ConfigError(f"{shown}: not a postgresql:// URL")
+    _check_userinfo(rest, shown)
     rest, password = _take_password(rest, shown)
     base, _, query = rest.partition("?")
     given, passthrough = merge_options(
@@ -313,23 +316,52 @@ def parse_url(url: str, options: Mapping[str, object]) -> PostgresOptions:
 
 
 def _redact(url: str) -> str:
-    """The URL for messages: no password, in the user info or in the query."""
+    """The URL for messages: no password, in the user info or in the query.
+
+    Everything between `user:` and the last `@` is hidden: with an unencoded
+    `/`, `?` or `#` in it (which `_check_userinfo` refuses, in a message that
+    shows this), a password runs past where a URL's host part would end.
+    """
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, after = rest.rpartition("@")
+    if sep and at and ":" in userinfo:
+        url = f"{scheme}://{userinfo.split(':', 1)[0]}:***@{after}"
     return _SECRET_QUERY.sub(r"\1***", redact(url))
+
+
+def _check_userinfo(rest: str, shown: str) -> None:
+    """Refuse an `@` after the first `/`, `?` or `#` of `rest` (the URL after `://`).
+
+    Such an `@` most likely ends a user name or password that holds one of
+    those characters unencoded (base64 passwords often hold a `/`): libpq
+    would read the password's head as the host and port and its tail as the
+    database or the options, connect elsewhere, and quote them. Which `@` ends
+    the user info would be a guess, so the URL is refused, and the message
+    shows none of it. The other backends apply the same rule.
+    """
+    ends = [i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0]
+    if ends and "@" in rest[min(ends) :]:
+        raise ConfigError(
+            f"{shown}: an '@' comes after the host part: if it belongs to a user name or "
+            "password, percent-encode the reserved characters in them ('@' as %40, '/' as "
+            "%2F, '?' as %3F, '#' as %23, ':' in a user name as %3A)"
+        )
 
 
 def _take_password(rest: str, shown: str) -> tuple[str, str | None]:
     """`rest` (the URL after `://`) without the password of its user info, and that password.
 
-    The user info ends, as libpq reads it, at the first `@` before the first
-    `/`. An `@` in a user name or password must be written `%40`: with two
-    before the query, which one ends the user info is a guess, and a wrong
-    guess would put a piece of the password where messages quote the URL.
+    The user info ends at the `@` before the first `/`, `?` or `#`, the only
+    one there may be once `_check_userinfo` passed. An `@` in a user name or
+    password must be written `%40`: with two there, which one ends the user
+    info is a guess, and a wrong guess would put a piece of the password
+    where messages quote the URL.
     """
-    region = rest.split("/", 1)[0]
+    region = re.split("[/?#]", rest, maxsplit=1)[0]
     at = region.find("@")
     if at < 0:
         return rest, None
-    if region.split("?", 1)[0].count("@") > 1:
+    if region.count("@") > 1:
         raise ConfigError(f"{shown}: the URL's user name or password contains '@'; write it as %40")
     user, colon, password = rest[:at].partition(":")
     remainder = f"{user}@{rest[at + 1 :]}"
