@@ -415,6 +415,111 @@ def test_a_database_that_cannot_store_every_character(backend_url: str, name: st
         query(backend_url, f"DROP DATABASE {database} WITH (FORCE)")
 
 
+# -- the name's turn and the queue -------------------------------------------------------
+
+
+def waiting_for_turn(url: str, app: str) -> int:
+    """How many of the store's statements wait for a name's turn (its advisory lock)."""
+    rows = query(
+        url,
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+        " AND wait_event_type = 'Lock' AND wait_event = 'advisory'",
+        [app],
+    )
+    return int(rows[0][0])
+
+
+class _WithoutPipelines(PostgresBackend):
+    """As with a libpq older than 14, which cannot pipeline: BEGIN and COMMIT instead."""
+
+    _pipelines = False
+
+
+def store_for(url: str, pipelines: bool) -> Store:
+    backend = PostgresBackend if pipelines else _WithoutPipelines
+    return Store(backend(parse_url(url, {})))
+
+
+@pytest.mark.parametrize("pipelines", [True, False], ids=["pipelined", "begin-commit"])
+def test_an_attempt_that_waited_for_its_turn_respects_the_place_queued_meanwhile(
+    backend_url: str, name: str, pipelines: bool
+) -> None:
+    """Reproduces a barge: an attempt that waited for the name's turn judged the queue by
+    what was committed when it was sent, so a place queued while it waited did not count,
+    and it took the free lock past that live waiter. The waiter's fair attempt is held,
+    by hand, where its own statement is when that happens: it has the name's turn, found
+    the holder live and queued its place, and commits once the holder has released."""
+    app = f"corral-{uuid.uuid4().hex[:8]}"
+    with store_for(with_query(backend_url, f"application_name={app}"), pipelines) as store:
+        backend = store.backend
+        statements = backend._sql
+        key = lock_key(name)
+        assert backend.try_acquire(name, "holder", 60).acquired
+        attempts: list[Attempt] = []
+        with psycopg.connect(backend_url) as waiter:  # one transaction, committed below
+            waiter.execute("SELECT pg_advisory_xact_lock(%s)", [statements.gate_key(key)])
+            waiter.execute(
+                f"INSERT INTO {statements.queue} (name, owner, expires_at)"
+                " VALUES (%s, 'waiter', clock_timestamp() + interval '60 seconds')",
+                [key],
+            )
+            newcomer = threading.Thread(
+                target=lambda: attempts.append(backend.try_acquire(name, "newcomer", 60))
+            )
+            newcomer.start()
+            try:
+                wait_until(lambda: waiting_for_turn(backend_url, app) == 1)
+                assert backend.release(name, "holder") is Outcome.OK
+            finally:
+                waiter.commit()
+                newcomer.join(30)
+        # Free, but a live waiter queues for it: refused, with no holder to wait for.
+        assert attempts == [Attempt(False)]
+        assert store.lock_info(name) is None
+        assert backend.try_acquire(name, "newcomer", 60) == Attempt(False)
+        assert backend.try_acquire(name, "waiter", 60, queue_ttl=60).acquired
+        assert rows_of(backend_url, store).count((key, "waiter")) == 1
+        assert backend.release(name, "waiter") is Outcome.OK
+
+
+@pytest.mark.parametrize("pipelines", [True, False], ids=["pipelined", "begin-commit"])
+def test_an_attempt_that_waited_behind_the_winner_reports_the_winners_ttl(
+    backend_url: str, name: str, pipelines: bool
+) -> None:
+    """Reproduces a failure: an attempt that waited for the name's turn behind the
+    acquisition that took the lock did not see the new holder, and answered "free, but
+    someone queues ahead" instead of the holder's seconds left, so `fail_fast` could not
+    give up. The winning acquisition is held, by hand, just before its commit."""
+    app = f"corral-{uuid.uuid4().hex[:8]}"
+    with store_for(with_query(backend_url, f"application_name={app}"), pipelines) as store:
+        backend = store.backend
+        statements = backend._sql
+        key = lock_key(name)
+        assert store.lock_info(name) is None  # the tables exist
+        attempts: list[Attempt] = []
+        with psycopg.connect(backend_url) as winner:
+            winner.execute("SELECT pg_advisory_xact_lock(%s)", [statements.gate_key(key)])
+            winner.execute(
+                f"INSERT INTO {statements.locks} (name, owner, token, expires_at)"
+                f" VALUES (%s, 'winner', nextval('{statements.tokens}'),"
+                " clock_timestamp() + interval '60 seconds')",
+                [key],
+            )
+            loser = threading.Thread(
+                target=lambda: attempts.append(backend.try_acquire(name, "loser", 30))
+            )
+            loser.start()
+            try:
+                wait_until(lambda: waiting_for_turn(backend_url, app) == 1)
+            finally:
+                winner.commit()
+                loser.join(30)
+        [attempt] = attempts
+        assert not attempt.acquired
+        assert attempt.holder_ttl is not None and 30 < attempt.holder_ttl <= 60, attempt
+        assert store.force_release(name)
+
+
 # -- fencing tokens and what stays on the server -----------------------------------------
 
 

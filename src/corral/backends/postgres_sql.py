@@ -48,13 +48,13 @@ each sees what the previous one committed. To create the tables ahead of time
 instead (a deploy step, or a role that may not run DDL), run the text of
 `migration_sql()`; corral then finds them and sends no DDL.
 
-**The clock.** Every expiry is computed and judged by `clock_timestamp()`,
-the server's clock at the moment the expression is evaluated, never by a
-client's clock. Not `now()`: that is the start of the transaction, frozen for
-its length, so a statement that first waited for a row lock (a concurrent
-acquisition of the same name) would judge expiry, and start a new TTL, by a
-time already past. Only the sweeps use `now()`, which an index can search
-with: a row expired before the statement began is expired now too.
+**The clock.** Every expiry is computed and judged by `clock_timestamp()`, the
+server's clock at the moment the expression is evaluated, never by a client's
+clock. Not `now()`: that is the start of the transaction, frozen for its
+length, so an acquisition that first waited for the name's turn or for a row
+lock would judge expiry, and start a new TTL, by a time already past. Only the
+sweeps use `now()`, which an index can search with: a row expired before the
+transaction began is expired now too.
 
 **Fencing tokens.** Tokens come from one sequence, `nextval` of which never
 returns the same value twice and is never rolled back, so tokens strictly
@@ -64,20 +64,30 @@ does not ensure once released rows are deleted: a session could draw a token,
 stall before its row is inserted, and insert it after a newer holder (with a
 larger token) had come and gone. So an acquisition first takes a
 transaction-level advisory lock on a 64-bit hash of the table and the key
-(`Statements.gate_key`), in the same statement, and draws its token only
-then: acquisitions of one name take turns, each drawing after the previous
-one committed, and the advisory lock ends with the statement (nothing stays
-held between statements). Names whose hashes collide merely take turns too.
-Releases, extensions and sweeps draw no token and take no advisory lock. (The
-advisory locks share the database's 64-bit key space with the application's
-own: a session holding one on a key that equals one of these hashes would
-make that name's acquisitions time out. Random 64-bit keys never meet in
-practice.) A sequence logs its advance to the WAL ahead of use, and a commit
-flushes that record with it, so after a crash it resumes above every token of
-a committed acquisition; only with `synchronous_commit = off` (or `fsync =
-off`) can a crash forget the last acquisitions and hand their tokens out
-again. The sequence must keep the default `CACHE 1`: a per-session cache
-would hand out tokens out of order.
+(`Statements.gate_key`), the name's turn, and draws its token only then:
+acquisitions of one name take turns, each drawing after the previous one
+committed, and the advisory lock ends with the transaction (nothing stays held
+between calls). Names whose hashes collide merely take turns too. Releases,
+extensions and sweeps draw no token and take no advisory lock. (The advisory
+locks share the database's 64-bit key space with the application's own: a
+session holding one on a key that equals one of these hashes would make that
+name's acquisitions time out. Random 64-bit keys never meet in practice.) A
+sequence logs its advance to the WAL ahead of use, and a commit flushes that
+record with it, so after a crash it resumes above every token of a committed
+acquisition; only with `synchronous_commit = off` (or `fsync = off`) can a
+crash forget the last acquisitions and hand their tokens out again. The
+sequence must keep the default `CACHE 1`: a per-session cache would hand out
+tokens out of order.
+
+**The turn, then the attempt.** The turn is a statement of its own
+(`take_turn`), followed by the acquiring statement in the same transaction,
+both sent in one round trip (psycopg's pipeline mode, whose closing Sync
+commits them). Not one statement: in READ COMMITTED a statement judges by the
+snapshot taken when it started, and waiting for the turn does not renew it, so
+it would not see what the acquisitions before it committed meanwhile (a place
+queued, a holder's row): it could take the lock past a live waiter, or be
+refused by a holder it cannot see, and report none. The second statement
+starts once the turn is had, and sees all of that.
 
 **Wake-ups.** A release sends `pg_notify` in the statement that frees the row,
 so the notification is delivered exactly when that change commits, never for
@@ -518,11 +528,14 @@ class Statements:
 
         ttl = "clock_timestamp() + %(ttl)s * interval '1 second'"
         live_place = "expires_at > clock_timestamp()"
-        # The name's turn (module docstring, "Fencing tokens"). A CTE with a volatile
-        # function is evaluated once, and before anything that reads from it.
-        gate = "gate AS (SELECT pg_advisory_xact_lock(%(gate)s))"
+        # The name's turn (module docstring, "Fencing tokens"), in a statement of its
+        # own that `acquire` follows in the same transaction: only a statement that
+        # starts once the turn is taken sees everything committed before it.
+        self.take_turn = "SELECT pg_advisory_xact_lock(%(gate)s)"
         # Whether a live place queued ahead of this owner: the earliest live place
-        # that is not this owner's, and earlier than this owner's place if it has one.
+        # that is not this owner's, and earlier than this owner's own live place if it
+        # has one. A place of its own that expired counts for nothing (module
+        # docstring, "The queue").
         ahead = (
             f"mine AS ("
             f" SELECT arrival FROM {queue} WHERE name = %(name)s AND owner = %(owner)s"
@@ -533,13 +546,11 @@ class Statements:
             f" LIMIT 1"
             f")"
         )
-        # Take the lock if nobody is ahead: insert its row, or take over an expired
-        # one. The token is drawn only once the gate is passed: the filter on `ahead`
-        # is checked before the gate's row is read, and the projection after it.
+        # Take the lock if nobody is ahead: insert its row, or take over an expired one.
         acquired = (
             f"acquired AS ("
             f" INSERT INTO {locks} AS l (name, owner, token, expires_at)"
-            f" SELECT %(name)s, %(owner)s, nextval('{tokens}'), {ttl} FROM gate"
+            f" SELECT %(name)s, %(owner)s, nextval('{tokens}'), {ttl}"
             f" WHERE NOT EXISTS (SELECT FROM ahead)"
             f" ON CONFLICT (name) DO UPDATE"
             f" SET owner = excluded.owner, token = excluded.token, expires_at = {ttl}"
@@ -596,8 +607,8 @@ class Statements:
             f" FROM {locks} WHERE name = %(name)s AND expires_at > clock_timestamp()"
             " AND NOT EXISTS (SELECT FROM acquired)"
         )
-        head = f"WITH {gate}, {ahead}, {acquired}"
-        # Indexed by (fair, sweep).
+        head = f"WITH {ahead}, {acquired}"
+        # Indexed by (fair, sweep); each runs right after `take_turn`, in its transaction.
         self.acquire = {
             (False, False): head + answer,
             (False, True): head + sweeps + answer,
