@@ -520,6 +520,45 @@ def test_an_attempt_that_waited_behind_the_winner_reports_the_winners_ttl(
         assert store.force_release(name)
 
 
+def test_a_waiter_whose_place_expired_queues_again_at_the_back(backend_url: str, name: str) -> None:
+    """Reproduces a failure: a waiter paused past its queue TTL came back with its old
+    arrival number, ahead of the waiters who queued after it, and took the lock first."""
+    with corral.connect(backend_url) as store:
+        backend = store.backend
+        queue = backend._sql.queue
+        key = lock_key(name)
+
+        def arrival(owner: str) -> int:
+            rows = query(
+                backend_url,
+                f"SELECT arrival FROM {queue} WHERE name = %s AND owner = %s",
+                [key, owner],
+            )
+            return int(rows[0][0])
+
+        assert backend.try_acquire(name, "holder", 60).acquired
+        assert not backend.try_acquire(name, "paused", 60, queue_ttl=60).acquired
+        assert not backend.try_acquire(name, "later", 60, queue_ttl=60).acquired
+        assert arrival("paused") < arrival("later")
+        # The paused waiter did not refresh its place: it ran out, as after its queue TTL.
+        query(
+            backend_url,
+            f"UPDATE {queue} SET expires_at = clock_timestamp() - interval '1 second'"
+            " WHERE name = %s AND owner = 'paused'",
+            [key],
+        )
+        assert backend.release(name, "holder") is Outcome.OK
+        # Back, it queues behind the waiter who kept its place, in every kind of attempt.
+        assert backend.try_acquire(name, "paused", 60) == Attempt(False)
+        assert backend.try_acquire(name, "paused", 60, queue_ttl=60) == Attempt(False)
+        assert arrival("paused") > arrival("later")
+        assert backend.try_acquire(name, "later", 60, queue_ttl=60).acquired
+        assert backend.release(name, "later") is Outcome.OK
+        assert backend.try_acquire(name, "paused", 60, queue_ttl=60).acquired
+        assert backend.release(name, "paused") is Outcome.OK
+        assert [row for row in rows_of(backend_url, store) if row[0] == key] == []
+
+
 # -- fencing tokens and what stays on the server -----------------------------------------
 
 

@@ -7,26 +7,36 @@ generated blocking twin) does.
 (see "Names"), owner, fencing token and `expires_at`, a `timestamptz` set
 from the server's clock. A row whose `expires_at` has passed is free. A
 release deletes its row; `release(hold_for=S)` keeps it, ownerless, until S
-seconds from now. Fair waiters queue in `<prefix>queue`, ordered by a
-`bigserial` arrival number; a place expires unless its waiter refreshes it.
-Every attempt, fair or not, respects that queue: a free lock with a live
-place in its queue goes to the earliest place's owner, and nobody else. A
-place that expired no longer counts, so a waiter that died holds the queue up
-only until its place expires.
+seconds from now. Fair waiters queue in `<prefix>queue` (see "The queue").
+
+**The queue.** A fair waiter's place is a row of `<prefix>queue`, ordered by
+a `bigserial` arrival number, that expires unless its waiter refreshes it
+(each attempt with `queue_ttl` does). Every attempt, fair or not, respects
+that queue: a free lock with a live place in its queue goes to the earliest
+place's owner, and nobody else. A place that expired counts for nothing, its
+owner's included: a waiter that was paused past its queue TTL and comes back
+queues again at the back, with a new arrival number, behind those who kept
+their places. So a waiter that died holds the queue up until its place
+expires, and then until the next waiter tries again: nothing announces an
+expiry, so that is up to a second later (waiters re-check at least once a
+second), or at once if a release wakes them first. Attempts judge the queue
+by what was committed when they got the name's turn (see "Fencing tokens"),
+so a place queued while one waited for it counts too.
 
 **State per name is bounded.** What a release does not delete (the row of a
-holder that crashed or let its TTL run out, a `hold_for` closure once it
-ends, the place of a fair waiter that died) is swept by later acquisitions,
-of any name: a store's first acquisition, and every `SWEEP_EVERY`th after
-that, also deletes up to `SWEEP_BATCH` expired rows from each table, oldest
-first, found through an index on `expires_at`. The sweep skips rows another
-statement has locked (`SKIP LOCKED`) and runs after the acquisition's own
-work in the statement, so it never waits, and never holds rows while its
-statement waits for something else (no deadlock). An acquisition adds at most
-one row, and sweeps remove expired rows faster than acquisitions add them, so
-the tables hold about one row per held lock however many names were ever
-used, with no purge job. Only a database where nobody acquires anything any
-more keeps the expired rows of its last acquisitions until the next one.
+holder that crashed or let its TTL run out, a `hold_for` closure once it ends,
+the place of a fair waiter that died) is swept by later acquisitions, of any
+name: a store's first acquisition, and every `SWEEP_EVERY`th after that, also
+deletes up to `SWEEP_BATCH` expired rows from each table, oldest first, found
+through an index on `expires_at`. The sweep skips rows another statement has
+locked (`SKIP LOCKED`) and runs after the acquisition's own work in its
+statement, which is the last of its transaction, so it never waits, and never
+holds rows while something else is waited for (no deadlock). An acquisition
+adds at most one row, and sweeps remove expired rows faster than acquisitions
+add them, so the tables hold about one row per held lock however many names
+were ever used, with no purge job. Only a database where nobody acquires
+anything any more keeps the expired rows of its last acquisitions until the
+next one.
 
 **Names.** Every `str` is a lock name. A name is its own key when it is text
 PostgreSQL can store (no NUL, no lone surrogate; ASCII only in a database
@@ -539,6 +549,7 @@ class Statements:
         ahead = (
             f"mine AS ("
             f" SELECT arrival FROM {queue} WHERE name = %(name)s AND owner = %(owner)s"
+            f" AND {live_place}"
             f"), ahead AS ("
             f" SELECT FROM {queue} WHERE name = %(name)s AND owner <> %(owner)s"
             f" AND {live_place}"
@@ -561,20 +572,21 @@ class Statements:
         # Parts that must come after the attempt, so that nothing they lock is held
         # while the attempt waits: they read `acquired`, which runs it first.
         after = "(SELECT count(*) FROM acquired) >= 0"
-        # Fair: leave the queue if taken, else join it (or refresh the place,
-        # keeping its arrival number), and purge the expired places of this
-        # name. One statement may change a row only once, so every part touches
-        # rows the others do not. SKIP LOCKED: two waiters purging each other's
-        # places must not wait for each other.
+        # Fair: leave the queue if taken, else join it (or refresh the place: a live
+        # one keeps its arrival number, an expired one gets a new one, at the back),
+        # and purge the expired places of this name. One statement may change a row
+        # only once, so every part touches rows the others do not. SKIP LOCKED: two
+        # waiters purging each other's places must not wait for each other.
         fair = (
             f", left_queue AS ("
             f" DELETE FROM {queue} WHERE name = %(name)s AND owner = %(owner)s"
             f" AND EXISTS (SELECT FROM acquired)"
             f"), joined AS ("
-            f" INSERT INTO {queue} (name, owner, expires_at)"
+            f" INSERT INTO {queue} AS q (name, owner, expires_at)"
             f" SELECT %(name)s, %(owner)s, clock_timestamp() + %(queue_ttl)s * interval '1 second'"
             f" WHERE NOT EXISTS (SELECT FROM acquired)"
-            f" ON CONFLICT (name, owner) DO UPDATE SET expires_at = excluded.expires_at"
+            f" ON CONFLICT (name, owner) DO UPDATE SET expires_at = excluded.expires_at,"
+            f" arrival = CASE WHEN q.{live_place} THEN q.arrival ELSE excluded.arrival END"
             f"), purged AS ("
             f" DELETE FROM {queue} WHERE (name, owner) IN ("
             f" SELECT name, owner FROM {queue} WHERE {after} AND name = %(name)s"
