@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
+import re
 import secrets
 import signal
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import psycopg
 import pytest
@@ -64,6 +68,11 @@ def rows_of(url: str, store: Any) -> list[tuple[Any, ...]]:
     return query(url, f"SELECT name, owner FROM {statements.locks} ORDER BY name") + query(
         url, f"SELECT name, owner FROM {statements.queue} ORDER BY name"
     )
+
+
+def everything_shown(exc: BaseException) -> str:
+    """What a user could see of `exc`: its traceback with every chained exception."""
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)) + repr(exc)
 
 
 def wait_until(condition: Any, timeout: float = 10.0) -> None:
@@ -243,7 +252,7 @@ def test_passwords_reach_libpq_and_nothing_else() -> None:
         "postgresql://app:p%40ss%2Fw%3Ard%25@h/db": "p@ss/w:rd%",
         "postgresql://app:first@h/db?password=second": "second",
         "postgresql://app@h/db?password=s3cret&sslmode=require": "s3cret",
-        "postgresql://app:pa?ss@h/db": "pa?ss",  # as libpq reads it: up to the first @
+        "postgresql://app:pa%3Fss%23w%2Frd@h/db": "pa?ss#w/rd",
     }
     for url, password in cases.items():
         options = parse_url(url, {})
@@ -261,6 +270,31 @@ def test_passwords_reach_libpq_and_nothing_else() -> None:
         with pytest.raises(ConfigError, match=why) as caught:
             parse_url(bad, {})
         assert "s3cret" not in str(caught.value) and "ss@" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "password", ["Sec1/Ret2", "Sec1?Ret2", "Sec1#Ret2", "aGVsbG8/d29ybGQ+Zm9v", "Sec1/Ret2?Mid3"]
+)
+@pytest.mark.parametrize("query", ["", "?sslmode=disable"])
+def test_a_password_with_an_unencoded_slash_question_mark_or_hash_is_refused(
+    password: str, query: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Reproduces a leak: with an unencoded '/' (base64 passwords have them), libpq read
+    the password's head as host and port and its tail as the database, and every message
+    and repr showed them. Such a URL is refused, quoting no part of the password, and its
+    percent-encoded form works."""
+    caplog.set_level(logging.DEBUG)
+    pieces = re.split(r"[/?#]", password)
+    url = f"postgresql://app:{password}@127.0.0.1:9/db{query}"
+    for connect in (lambda: corral.connect(url, timeout=1), lambda: parse_url(url, {})):
+        with pytest.raises(ConfigError, match="percent-encode") as caught:
+            connect()
+        shown = everything_shown(caught.value) + caplog.text
+        assert not [piece for piece in pieces if piece in shown], shown
+    encoded = parse_url(f"postgresql://app:{quote(password, safe='')}@127.0.0.1:9/db{query}", {})
+    assert conninfo_to_dict(encoded.conninfo)["password"] == password
+    assert encoded.server == "postgresql://app@127.0.0.1:9/db"
+    assert not [piece for piece in pieces if piece in repr(encoded) + caplog.text]
 
 
 def test_libpq_parameters_pass_and_unknown_ones_are_named() -> None:
@@ -379,6 +413,150 @@ def test_a_database_that_cannot_store_every_character(backend_url: str, name: st
             assert all(key.isascii() for key in keys)
     finally:
         query(backend_url, f"DROP DATABASE {database} WITH (FORCE)")
+
+
+# -- the name's turn and the queue -------------------------------------------------------
+
+
+def waiting_for_turn(url: str, app: str) -> int:
+    """How many of the store's statements wait for a name's turn (its advisory lock)."""
+    rows = query(
+        url,
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+        " AND wait_event_type = 'Lock' AND wait_event = 'advisory'",
+        [app],
+    )
+    return int(rows[0][0])
+
+
+class _WithoutPipelines(PostgresBackend):
+    """As with a libpq older than 14, which cannot pipeline: BEGIN and COMMIT instead."""
+
+    _pipelines = False
+
+
+def store_for(url: str, pipelines: bool) -> Store:
+    backend = PostgresBackend if pipelines else _WithoutPipelines
+    return Store(backend(parse_url(url, {})))
+
+
+@pytest.mark.parametrize("pipelines", [True, False], ids=["pipelined", "begin-commit"])
+def test_an_attempt_that_waited_for_its_turn_respects_the_place_queued_meanwhile(
+    backend_url: str, name: str, pipelines: bool
+) -> None:
+    """Reproduces a barge: an attempt that waited for the name's turn judged the queue by
+    what was committed when it was sent, so a place queued while it waited did not count,
+    and it took the free lock past that live waiter. The waiter's fair attempt is held,
+    by hand, where its own statement is when that happens: it has the name's turn, found
+    the holder live and queued its place, and commits once the holder has released."""
+    app = f"corral-{uuid.uuid4().hex[:8]}"
+    with store_for(with_query(backend_url, f"application_name={app}"), pipelines) as store:
+        backend = store.backend
+        statements = backend._sql
+        key = lock_key(name)
+        assert backend.try_acquire(name, "holder", 60).acquired
+        attempts: list[Attempt] = []
+        with psycopg.connect(backend_url) as waiter:  # one transaction, committed below
+            waiter.execute("SELECT pg_advisory_xact_lock(%s)", [statements.gate_key(key)])
+            waiter.execute(
+                f"INSERT INTO {statements.queue} (name, owner, expires_at)"
+                " VALUES (%s, 'waiter', clock_timestamp() + interval '60 seconds')",
+                [key],
+            )
+            newcomer = threading.Thread(
+                target=lambda: attempts.append(backend.try_acquire(name, "newcomer", 60))
+            )
+            newcomer.start()
+            try:
+                wait_until(lambda: waiting_for_turn(backend_url, app) == 1)
+                assert backend.release(name, "holder") is Outcome.OK
+            finally:
+                waiter.commit()
+                newcomer.join(30)
+        # Free, but a live waiter queues for it: refused, with no holder to wait for.
+        assert attempts == [Attempt(False)]
+        assert store.lock_info(name) is None
+        assert backend.try_acquire(name, "newcomer", 60) == Attempt(False)
+        assert backend.try_acquire(name, "waiter", 60, queue_ttl=60).acquired
+        assert rows_of(backend_url, store).count((key, "waiter")) == 1
+        assert backend.release(name, "waiter") is Outcome.OK
+
+
+@pytest.mark.parametrize("pipelines", [True, False], ids=["pipelined", "begin-commit"])
+def test_an_attempt_that_waited_behind_the_winner_reports_the_winners_ttl(
+    backend_url: str, name: str, pipelines: bool
+) -> None:
+    """Reproduces a failure: an attempt that waited for the name's turn behind the
+    acquisition that took the lock did not see the new holder, and answered "free, but
+    someone queues ahead" instead of the holder's seconds left, so `fail_fast` could not
+    give up. The winning acquisition is held, by hand, just before its commit."""
+    app = f"corral-{uuid.uuid4().hex[:8]}"
+    with store_for(with_query(backend_url, f"application_name={app}"), pipelines) as store:
+        backend = store.backend
+        statements = backend._sql
+        key = lock_key(name)
+        assert store.lock_info(name) is None  # the tables exist
+        attempts: list[Attempt] = []
+        with psycopg.connect(backend_url) as winner:
+            winner.execute("SELECT pg_advisory_xact_lock(%s)", [statements.gate_key(key)])
+            winner.execute(
+                f"INSERT INTO {statements.locks} (name, owner, token, expires_at)"
+                f" VALUES (%s, 'winner', nextval('{statements.tokens}'),"
+                " clock_timestamp() + interval '60 seconds')",
+                [key],
+            )
+            loser = threading.Thread(
+                target=lambda: attempts.append(backend.try_acquire(name, "loser", 30))
+            )
+            loser.start()
+            try:
+                wait_until(lambda: waiting_for_turn(backend_url, app) == 1)
+            finally:
+                winner.commit()
+                loser.join(30)
+        [attempt] = attempts
+        assert not attempt.acquired
+        assert attempt.holder_ttl is not None and 30 < attempt.holder_ttl <= 60, attempt
+        assert store.force_release(name)
+
+
+def test_a_waiter_whose_place_expired_queues_again_at_the_back(backend_url: str, name: str) -> None:
+    """Reproduces a failure: a waiter paused past its queue TTL came back with its old
+    arrival number, ahead of the waiters who queued after it, and took the lock first."""
+    with corral.connect(backend_url) as store:
+        backend = store.backend
+        queue = backend._sql.queue
+        key = lock_key(name)
+
+        def arrival(owner: str) -> int:
+            rows = query(
+                backend_url,
+                f"SELECT arrival FROM {queue} WHERE name = %s AND owner = %s",
+                [key, owner],
+            )
+            return int(rows[0][0])
+
+        assert backend.try_acquire(name, "holder", 60).acquired
+        assert not backend.try_acquire(name, "paused", 60, queue_ttl=60).acquired
+        assert not backend.try_acquire(name, "later", 60, queue_ttl=60).acquired
+        assert arrival("paused") < arrival("later")
+        # The paused waiter did not refresh its place: it ran out, as after its queue TTL.
+        query(
+            backend_url,
+            f"UPDATE {queue} SET expires_at = clock_timestamp() - interval '1 second'"
+            " WHERE name = %s AND owner = 'paused'",
+            [key],
+        )
+        assert backend.release(name, "holder") is Outcome.OK
+        # Back, it queues behind the waiter who kept its place, in every kind of attempt.
+        assert backend.try_acquire(name, "paused", 60) == Attempt(False)
+        assert backend.try_acquire(name, "paused", 60, queue_ttl=60) == Attempt(False)
+        assert arrival("paused") > arrival("later")
+        assert backend.try_acquire(name, "later", 60, queue_ttl=60).acquired
+        assert backend.release(name, "later") is Outcome.OK
+        assert backend.try_acquire(name, "paused", 60, queue_ttl=60).acquired
+        assert backend.release(name, "paused") is Outcome.OK
+        assert [row for row in rows_of(backend_url, store) if row[0] == key] == []
 
 
 # -- fencing tokens and what stays on the server -----------------------------------------

@@ -7,26 +7,36 @@ generated blocking twin) does.
 (see "Names"), owner, fencing token and `expires_at`, a `timestamptz` set
 from the server's clock. A row whose `expires_at` has passed is free. A
 release deletes its row; `release(hold_for=S)` keeps it, ownerless, until S
-seconds from now. Fair waiters queue in `<prefix>queue`, ordered by a
-`bigserial` arrival number; a place expires unless its waiter refreshes it.
-Every attempt, fair or not, respects that queue: a free lock with a live
-place in its queue goes to the earliest place's owner, and nobody else. A
-place that expired no longer counts, so a waiter that died holds the queue up
-only until its place expires.
+seconds from now. Fair waiters queue in `<prefix>queue` (see "The queue").
+
+**The queue.** A fair waiter's place is a row of `<prefix>queue`, ordered by
+a `bigserial` arrival number, that expires unless its waiter refreshes it
+(each attempt with `queue_ttl` does). Every attempt, fair or not, respects
+that queue: a free lock with a live place in its queue goes to the earliest
+place's owner, and nobody else. A place that expired counts for nothing, its
+owner's included: a waiter that was paused past its queue TTL and comes back
+queues again at the back, with a new arrival number, behind those who kept
+their places. So a waiter that died holds the queue up until its place
+expires, and then until the next waiter tries again: nothing announces an
+expiry, so that is up to a second later (waiters re-check at least once a
+second), or at once if a release wakes them first. Attempts judge the queue
+by what was committed when they got the name's turn (see "Fencing tokens"),
+so a place queued while one waited for it counts too.
 
 **State per name is bounded.** What a release does not delete (the row of a
-holder that crashed or let its TTL run out, a `hold_for` closure once it
-ends, the place of a fair waiter that died) is swept by later acquisitions,
-of any name: a store's first acquisition, and every `SWEEP_EVERY`th after
-that, also deletes up to `SWEEP_BATCH` expired rows from each table, oldest
-first, found through an index on `expires_at`. The sweep skips rows another
-statement has locked (`SKIP LOCKED`) and runs after the acquisition's own
-work in the statement, so it never waits, and never holds rows while its
-statement waits for something else (no deadlock). An acquisition adds at most
-one row, and sweeps remove expired rows faster than acquisitions add them, so
-the tables hold about one row per held lock however many names were ever
-used, with no purge job. Only a database where nobody acquires anything any
-more keeps the expired rows of its last acquisitions until the next one.
+holder that crashed or let its TTL run out, a `hold_for` closure once it ends,
+the place of a fair waiter that died) is swept by later acquisitions, of any
+name: a store's first acquisition, and every `SWEEP_EVERY`th after that, also
+deletes up to `SWEEP_BATCH` expired rows from each table, oldest first, found
+through an index on `expires_at`. The sweep skips rows another statement has
+locked (`SKIP LOCKED`) and runs after the acquisition's own work in its
+statement, which is the last of its transaction, so it never waits, and never
+holds rows while something else is waited for (no deadlock). An acquisition
+adds at most one row, and sweeps remove expired rows faster than acquisitions
+add them, so the tables hold about one row per held lock however many names
+were ever used, with no purge job. Only a database where nobody acquires
+anything any more keeps the expired rows of its last acquisitions until the
+next one.
 
 **Names.** Every `str` is a lock name. A name is its own key when it is text
 PostgreSQL can store (no NUL, no lone surrogate; ASCII only in a database
@@ -48,13 +58,13 @@ each sees what the previous one committed. To create the tables ahead of time
 instead (a deploy step, or a role that may not run DDL), run the text of
 `migration_sql()`; corral then finds them and sends no DDL.
 
-**The clock.** Every expiry is computed and judged by `clock_timestamp()`,
-the server's clock at the moment the expression is evaluated, never by a
-client's clock. Not `now()`: that is the start of the transaction, frozen for
-its length, so a statement that first waited for a row lock (a concurrent
-acquisition of the same name) would judge expiry, and start a new TTL, by a
-time already past. Only the sweeps use `now()`, which an index can search
-with: a row expired before the statement began is expired now too.
+**The clock.** Every expiry is computed and judged by `clock_timestamp()`, the
+server's clock at the moment the expression is evaluated, never by a client's
+clock. Not `now()`: that is the start of the transaction, frozen for its
+length, so an acquisition that first waited for the name's turn or for a row
+lock would judge expiry, and start a new TTL, by a time already past. Only the
+sweeps use `now()`, which an index can search with: a row expired before the
+transaction began is expired now too.
 
 **Fencing tokens.** Tokens come from one sequence, `nextval` of which never
 returns the same value twice and is never rolled back, so tokens strictly
@@ -64,20 +74,30 @@ does not ensure once released rows are deleted: a session could draw a token,
 stall before its row is inserted, and insert it after a newer holder (with a
 larger token) had come and gone. So an acquisition first takes a
 transaction-level advisory lock on a 64-bit hash of the table and the key
-(`Statements.gate_key`), in the same statement, and draws its token only
-then: acquisitions of one name take turns, each drawing after the previous
-one committed, and the advisory lock ends with the statement (nothing stays
-held between statements). Names whose hashes collide merely take turns too.
-Releases, extensions and sweeps draw no token and take no advisory lock. (The
-advisory locks share the database's 64-bit key space with the application's
-own: a session holding one on a key that equals one of these hashes would
-make that name's acquisitions time out. Random 64-bit keys never meet in
-practice.) A sequence logs its advance to the WAL ahead of use, and a commit
-flushes that record with it, so after a crash it resumes above every token of
-a committed acquisition; only with `synchronous_commit = off` (or `fsync =
-off`) can a crash forget the last acquisitions and hand their tokens out
-again. The sequence must keep the default `CACHE 1`: a per-session cache
-would hand out tokens out of order.
+(`Statements.gate_key`), the name's turn, and draws its token only then:
+acquisitions of one name take turns, each drawing after the previous one
+committed, and the advisory lock ends with the transaction (nothing stays held
+between calls). Names whose hashes collide merely take turns too. Releases,
+extensions and sweeps draw no token and take no advisory lock. (The advisory
+locks share the database's 64-bit key space with the application's own: a
+session holding one on a key that equals one of these hashes would make that
+name's acquisitions time out. Random 64-bit keys never meet in practice.) A
+sequence logs its advance to the WAL ahead of use, and a commit flushes that
+record with it, so after a crash it resumes above every token of a committed
+acquisition; only with `synchronous_commit = off` (or `fsync = off`) can a
+crash forget the last acquisitions and hand their tokens out again. The
+sequence must keep the default `CACHE 1`: a per-session cache would hand out
+tokens out of order.
+
+**The turn, then the attempt.** The turn is a statement of its own
+(`take_turn`), followed by the acquiring statement in the same transaction,
+both sent in one round trip (psycopg's pipeline mode, whose closing Sync
+commits them). Not one statement: in READ COMMITTED a statement judges by the
+snapshot taken when it started, and waiting for the turn does not renew it, so
+it would not see what the acquisitions before it committed meanwhile (a place
+queued, a holder's row): it could take the lock past a live waiter, or be
+refused by a holder it cannot see, and report none. The second statement
+starts once the turn is had, and sees all of that.
 
 **Wake-ups.** A release sends `pg_notify` in the statement that frees the row,
 so the notification is delivered exactly when that change commits, never for
@@ -94,7 +114,9 @@ would releases start failing, and terminating that session ends it.
 `sslpassword` and libpq's other secrets) is taken out of the URL before libpq
 parses the rest, so no libpq message about a malformed URL can quote it; it
 goes into the connection string only, which nothing prints (`PostgresOptions`
-leaves it out of its repr).
+leaves it out of its repr). A URL whose user info holds an unencoded `/`, `?`
+or `#` is refused, as where its password ends would be a guess
+(`registry.check_userinfo`).
 
 **Timeouts.** libpq has no timeout for a statement already sent: a server
 that stops answering (SIGSTOP, a hung VM, a dropped route) leaves the client
@@ -122,7 +144,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import quote, unquote_to_bytes, urlencode
 
-from corral.backends.registry import redact
+from corral.backends.registry import check_userinfo, redact
 from corral.core.options import Option, merge_options
 from corral.core.validate import check_timeout
 from corral.errors import ConfigError
@@ -248,6 +270,7 @@ def parse_url(url: str, options: Mapping[str, object]) -> PostgresOptions:
     scheme, sep, rest = url.partition("://")
     if not sep or scheme.lower() not in ("postgresql", "postgres"):
         raise ConfigError(f"{shown}: not a postgresql:// URL")
+    check_userinfo(url, shown)
     rest, password = _take_password(rest, shown)
     base, _, query = rest.partition("?")
     given, passthrough = merge_options(
@@ -313,23 +336,25 @@ def parse_url(url: str, options: Mapping[str, object]) -> PostgresOptions:
 
 
 def _redact(url: str) -> str:
-    """The URL for messages: no password, in the user info or in the query."""
+    """The URL for messages: no password, in the user info or in the query (libpq has
+    more secrets than `password`, such as `sslpassword`)."""
     return _SECRET_QUERY.sub(r"\1***", redact(url))
 
 
 def _take_password(rest: str, shown: str) -> tuple[str, str | None]:
     """`rest` (the URL after `://`) without the password of its user info, and that password.
 
-    The user info ends, as libpq reads it, at the first `@` before the first
-    `/`. An `@` in a user name or password must be written `%40`: with two
-    before the query, which one ends the user info is a guess, and a wrong
-    guess would put a piece of the password where messages quote the URL.
+    The user info ends at the `@` before the first `/`, `?` or `#`, the only
+    one there may be once `check_userinfo` passed. An `@` in a user name or
+    password must be written `%40`: with two there, which one ends the user
+    info is a guess, and a wrong guess would put a piece of the password
+    where messages quote the URL.
     """
-    region = rest.split("/", 1)[0]
+    region = re.split("[/?#]", rest, maxsplit=1)[0]
     at = region.find("@")
     if at < 0:
         return rest, None
-    if region.split("?", 1)[0].count("@") > 1:
+    if region.count("@") > 1:
         raise ConfigError(f"{shown}: the URL's user name or password contains '@'; write it as %40")
     user, colon, password = rest[:at].partition(":")
     remainder = f"{user}@{rest[at + 1 :]}"
@@ -486,14 +511,18 @@ class Statements:
 
         ttl = "clock_timestamp() + %(ttl)s * interval '1 second'"
         live_place = "expires_at > clock_timestamp()"
-        # The name's turn (module docstring, "Fencing tokens"). A CTE with a volatile
-        # function is evaluated once, and before anything that reads from it.
-        gate = "gate AS (SELECT pg_advisory_xact_lock(%(gate)s))"
+        # The name's turn (module docstring, "Fencing tokens"), in a statement of its
+        # own that `acquire` follows in the same transaction: only a statement that
+        # starts once the turn is taken sees everything committed before it.
+        self.take_turn = "SELECT pg_advisory_xact_lock(%(gate)s)"
         # Whether a live place queued ahead of this owner: the earliest live place
-        # that is not this owner's, and earlier than this owner's place if it has one.
+        # that is not this owner's, and earlier than this owner's own live place if it
+        # has one. A place of its own that expired counts for nothing (module
+        # docstring, "The queue").
         ahead = (
             f"mine AS ("
             f" SELECT arrival FROM {queue} WHERE name = %(name)s AND owner = %(owner)s"
+            f" AND {live_place}"
             f"), ahead AS ("
             f" SELECT FROM {queue} WHERE name = %(name)s AND owner <> %(owner)s"
             f" AND {live_place}"
@@ -501,13 +530,11 @@ class Statements:
             f" LIMIT 1"
             f")"
         )
-        # Take the lock if nobody is ahead: insert its row, or take over an expired
-        # one. The token is drawn only once the gate is passed: the filter on `ahead`
-        # is checked before the gate's row is read, and the projection after it.
+        # Take the lock if nobody is ahead: insert its row, or take over an expired one.
         acquired = (
             f"acquired AS ("
             f" INSERT INTO {locks} AS l (name, owner, token, expires_at)"
-            f" SELECT %(name)s, %(owner)s, nextval('{tokens}'), {ttl} FROM gate"
+            f" SELECT %(name)s, %(owner)s, nextval('{tokens}'), {ttl}"
             f" WHERE NOT EXISTS (SELECT FROM ahead)"
             f" ON CONFLICT (name) DO UPDATE"
             f" SET owner = excluded.owner, token = excluded.token, expires_at = {ttl}"
@@ -518,20 +545,21 @@ class Statements:
         # Parts that must come after the attempt, so that nothing they lock is held
         # while the attempt waits: they read `acquired`, which runs it first.
         after = "(SELECT count(*) FROM acquired) >= 0"
-        # Fair: leave the queue if taken, else join it (or refresh the place,
-        # keeping its arrival number), and purge the expired places of this
-        # name. One statement may change a row only once, so every part touches
-        # rows the others do not. SKIP LOCKED: two waiters purging each other's
-        # places must not wait for each other.
+        # Fair: leave the queue if taken, else join it (or refresh the place: a live
+        # one keeps its arrival number, an expired one gets a new one, at the back),
+        # and purge the expired places of this name. One statement may change a row
+        # only once, so every part touches rows the others do not. SKIP LOCKED: two
+        # waiters purging each other's places must not wait for each other.
         fair = (
             f", left_queue AS ("
             f" DELETE FROM {queue} WHERE name = %(name)s AND owner = %(owner)s"
             f" AND EXISTS (SELECT FROM acquired)"
             f"), joined AS ("
-            f" INSERT INTO {queue} (name, owner, expires_at)"
+            f" INSERT INTO {queue} AS q (name, owner, expires_at)"
             f" SELECT %(name)s, %(owner)s, clock_timestamp() + %(queue_ttl)s * interval '1 second'"
             f" WHERE NOT EXISTS (SELECT FROM acquired)"
-            f" ON CONFLICT (name, owner) DO UPDATE SET expires_at = excluded.expires_at"
+            f" ON CONFLICT (name, owner) DO UPDATE SET expires_at = excluded.expires_at,"
+            f" arrival = CASE WHEN q.{live_place} THEN q.arrival ELSE excluded.arrival END"
             f"), purged AS ("
             f" DELETE FROM {queue} WHERE (name, owner) IN ("
             f" SELECT name, owner FROM {queue} WHERE {after} AND name = %(name)s"
@@ -564,8 +592,8 @@ class Statements:
             f" FROM {locks} WHERE name = %(name)s AND expires_at > clock_timestamp()"
             " AND NOT EXISTS (SELECT FROM acquired)"
         )
-        head = f"WITH {gate}, {ahead}, {acquired}"
-        # Indexed by (fair, sweep).
+        head = f"WITH {ahead}, {acquired}"
+        # Indexed by (fair, sweep); each runs right after `take_turn`, in its transaction.
         self.acquire = {
             (False, False): head + answer,
             (False, True): head + sweeps + answer,

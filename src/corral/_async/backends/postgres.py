@@ -7,22 +7,26 @@ keeps working, with no fencing token to catch it), it cannot have a TTL (a
 holder that hangs holds it forever), and it pins a pooled connection for the
 whole time the user's code runs. A transaction held open around the user's
 code (`SELECT … FOR UPDATE`) has the same faults and also blocks vacuum. So
-every statement here runs in autocommit, returns its connection to the pool
-at once, and a lock is a row with an owner, a fencing token and an expiry on
-the server's clock; nothing stays open on the server while the user's code
-runs. The SQL, the schema and why each statement is as it is live in
-`corral.backends.postgres_sql`.
+every call here commits before it returns (in autocommit; an acquisition's
+two statements form one transaction that ends in the same round trip),
+returns its connection to the pool at once, and a lock is a row with an
+owner, a fencing token and an expiry on the server's clock; nothing stays
+open on the server while the user's code runs. The SQL, the schema and why
+each statement is as it is live in `corral.backends.postgres_sql`.
 
-**One statement per primitive.** Acquiring is one `INSERT … ON CONFLICT (name)
-DO UPDATE … WHERE <expired>`, behind the name's advisory lock and the check
-that nobody is queued ahead, that also reports the holder's seconds left when
-it did not take the lock; a fair acquisition adds its place in the queue to
-that same statement, and now and then an acquisition also sweeps expired rows
-(see `corral.backends.postgres_sql`: "Fencing tokens", "State per name").
-Release, extend, force-release and leaving the queue are each one
-compare-and-change statement that also says what it found and, where waiters
-should wake, calls `pg_notify` in it. With the connection pool
-(`psycopg_pool`, up to `max_connections`) each primitive is one round trip.
+**One round trip per primitive.** Acquiring is one `INSERT … ON CONFLICT
+(name) DO UPDATE … WHERE <expired>`, with the check that nobody is queued
+ahead, that also reports the holder's seconds left when it did not take the
+lock; it runs in one transaction after a statement that takes the name's
+advisory lock, and both go in one round trip (pipeline mode). A fair
+acquisition adds its place in the queue to that same statement, and now and
+then an acquisition also sweeps expired rows (see
+`corral.backends.postgres_sql`: "Fencing tokens", "The turn, then the
+attempt", "State per name"). Release, extend, force-release and leaving the
+queue are each one compare-and-change statement that also says what it found
+and, where waiters should wake, calls `pg_notify` in it. With the connection
+pool (`psycopg_pool`, up to `max_connections`) each primitive is one round
+trip.
 
 **Wake-ups by LISTEN/NOTIFY.** One dedicated connection per store and process,
 outside the pool, LISTENs on the store's channel; a listener (an asyncio task
@@ -57,6 +61,7 @@ from typing import Any, ClassVar
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg import pq
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
@@ -272,8 +277,8 @@ class AsyncPostgresBackend(AsyncBackend):
             "with an error instead"
         ),
         fencing_tokens=(
-            "one sequence per table prefix (nextval, never reused or rolled back), drawn "
-            "inside the acquiring statement after a per-name transaction advisory lock, so "
+            "one sequence per table prefix (nextval, never reused or rolled back), drawn by "
+            "the acquiring transaction once it holds a per-name transaction advisory lock, so "
             "each acquisition of a name draws after the previous one committed; only a crash "
             "with synchronous_commit=off or fsync=off, or a failover to an asynchronous "
             "standby, can hand out a token twice"
@@ -287,6 +292,8 @@ class AsyncPostgresBackend(AsyncBackend):
         ),
     )
     url_options: ClassVar[tuple[Option, ...]] = sql.OPTIONS
+    # Whether libpq can pipeline (version 14 and later), for `_in_turn`.
+    _pipelines: ClassVar[bool] = psycopg.AsyncPipeline.is_supported()
 
     def __init__(self, options: sql.PostgresOptions) -> None:
         super().__init__()
@@ -406,29 +413,73 @@ class AsyncPostgresBackend(AsyncBackend):
         return sql.lock_key(name, ascii_only=self._ascii_keys)
 
     async def _fetch(
-        self, name: str, action: str, query: str, params: dict[str, Any], *, gate: bool = False
+        self, name: str, action: str, query: str, params: dict[str, Any], *, turn: bool = False
     ) -> list[tuple[Any, ...]]:
         """Run one statement on a pooled connection, with every failure mapped to corral's.
 
-        `params` gets the lock's key as `name` (and its advisory lock key as
-        `gate`), once the first connection told which keys the database can store.
+        `params` gets the lock's key as `name`, once the first connection told
+        which keys the database can store. With `turn`, the statement runs in
+        the name's turn (`_in_turn`).
         """
         alarm = sql.Alarm()
         try:
             pool = await self._pool(alarm)
             key = params["name"] = self._key(name)
-            if gate:
-                params["gate"] = self._sql.gate_key(key)
             conn = await self._borrow(pool)
             try:
                 with sql.watchdog().armed(conn.fileno(), self._timeout, alarm):
-                    cursor = await conn.execute(query, params)
-                    rows = await cursor.fetchall()
+                    if turn:
+                        rows = await self._in_turn(conn, self._sql.gate_key(key), query, params)
+                    else:
+                        cursor = await conn.execute(query, params)
+                        rows = await cursor.fetchall()
+            except BaseException:
+                if turn:
+                    await self._discard_unless_idle(conn)
+                raise
             finally:
                 await pool.putconn(conn)
         except (psycopg.Error, OSError, _Closed) as exc:
             raise self._error(exc, name, action, alarm.fired) from exc
         return rows
+
+    async def _in_turn(
+        self, conn: _Connection, gate: int, query: str, params: dict[str, Any]
+    ) -> list[tuple[Any, ...]]:
+        """`query` in one transaction after the name's turn (postgres_sql: "Fencing tokens").
+
+        Two statements, so that the second one's snapshot is taken once the
+        turn is had and sees every acquisition and queue place committed
+        before: one statement that waited for the turn would still judge by
+        what was committed when it began. In pipeline mode both go in one
+        round trip and form one implicit transaction, which the closing Sync
+        commits (or rolls back, after an error); libpq without pipelines
+        (before 14) gets BEGIN and COMMIT, two round trips more.
+        """
+        if self._pipelines:
+            async with conn.pipeline():
+                await conn.execute(self._sql.take_turn, {"gate": gate})
+                cursor = await conn.execute(query, params)
+        else:
+            async with conn.transaction():
+                await conn.execute(self._sql.take_turn, {"gate": gate})
+                cursor = await conn.execute(query, params)
+        return await cursor.fetchall()
+
+    @staticmethod
+    async def _discard_unless_idle(conn: _Connection) -> None:
+        """Close a connection an interrupted turn left in a pipeline or a transaction.
+
+        The pool would roll such a transaction back, with a warning in the log,
+        but it cannot take a connection out of pipeline mode: closed, it is
+        replaced instead.
+        """
+        if (
+            conn.pgconn.pipeline_status != pq.PipelineStatus.OFF
+            or conn.info.transaction_status != pq.TransactionStatus.IDLE
+        ):
+            with contextlib.suppress(Exception):
+                await conn.close()
 
     # -- errors ---------------------------------------------------------------------
 
@@ -510,7 +561,7 @@ class AsyncPostgresBackend(AsyncBackend):
             params["queue_ttl"] = float(queue_ttl)
         sweep = next(self._acquisitions) % sql.SWEEP_EVERY == 0
         query = self._sql.acquire[queue_ttl is not None, sweep]
-        rows = await self._fetch(name, "acquire", query, params, gate=True)
+        rows = await self._fetch(name, "acquire", query, params, turn=True)
         if not rows:
             return Attempt(False)  # free, but a live waiter is queued ahead
         granted, token, left = rows[0]
