@@ -7,11 +7,13 @@ here, where a fake clock tests it exactly.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import secrets
 import socket
 
+from corral.core import forks
 from corral.core.backoff import Backoff
 from corral.core.primitives import Attempt, Outcome
 from corral.errors import LockError, LockExpired, LockLost
@@ -44,9 +46,27 @@ STARVE_AFTER = 0.1
 _UNSTORABLE = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
 
 
+# Unique per process (with host and pid): random, drawn again in a forked child. Each
+# owner id adds a count to it, which is cheaper than drawing random bytes per attempt.
+_PROCESS_PART = secrets.token_hex(4)
+_ATTEMPTS = itertools.count()
+
+
+def _new_process_part() -> None:
+    global _PROCESS_PART, _ATTEMPTS
+    _PROCESS_PART = secrets.token_hex(4)
+    _ATTEMPTS = itertools.count()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_process_part)
+
+
 def make_owner(label: str) -> str:
     """A unique, readable owner id: who holds the lock, for humans and for compare-and-delete."""
-    return f"{_HOST}:{os.getpid()}:{_UNSTORABLE.sub('?', label)}:{secrets.token_hex(6)}"
+    if _UNSTORABLE.search(label):
+        label = _UNSTORABLE.sub("?", label)
+    return f"{_HOST}:{forks.pid()}:{label}:{_PROCESS_PART}{next(_ATTEMPTS):x}"
 
 
 class WaitPlan:

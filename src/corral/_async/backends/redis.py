@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, ClassVar
@@ -63,6 +64,13 @@ from corral.core.primitives import Attempt, LockInfo, Outcome
 from corral.core.validate import check_timeout
 from corral.errors import BackendError, BackendUnavailable, ConfigError
 
+try:
+    import hiredis
+
+    pack_command: Callable[[tuple[Any, ...]], bytes] | None = hiredis.pack_command
+except ImportError:  # pragma: no cover - hiredis comes with corral[redis]
+    pack_command = None
+
 __all__ = ["AsyncRedisBackend"]
 
 DEFAULT_TIMEOUT = 5.0
@@ -88,6 +96,8 @@ def _ms(seconds: float) -> int:
 MAX_SPARES = 8
 # A pool "without a limit" (redis-py wants a number).
 UNBOUNDED = 2**31
+# Lock names whose keys a backend remembers (a bounded cache: names may be unbounded).
+KNOWN_KEYS = 4096
 # Waiters of one process that may each block a connection of their own (BLPOP); more
 # wait on the pub/sub feed, which serves any number over one connection.
 MAX_BLOCKING = 64
@@ -440,6 +450,7 @@ class AsyncRedisBackend(AsyncBackend):
         )
         self._spares_pid = forks.pid()
         self._closed = False
+        self._known_keys: dict[str, scripts.LockKeys] = {}
         # Waiters of this process now blocked on a connection of their own (BLPOP).
         self._blocking = 0
         self._blocking_pid = forks.pid()
@@ -597,7 +608,11 @@ class AsyncRedisBackend(AsyncBackend):
         sound = False
         try:
             try:
-                await connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+                if pack_command is None:
+                    await connection.send_command(*command)
+                else:  # hiredis packs in C what redis-py would walk through in Python
+                    await connection.send_packed_command([pack_command(command)], False)
                 result = await connection.read_response()
             except NoScriptError:
                 await connection.send_command("EVAL", script.script, len(keys), *keys, *args)
@@ -659,7 +674,7 @@ class AsyncRedisBackend(AsyncBackend):
         replicas: int = 0,
         replica_timeout: float = 1.0,
     ) -> Attempt:
-        keys = scripts.lock_keys(self.prefix, name)
+        keys = self._keys(name)
         script_keys = [keys.lock, keys.fence, keys.queue, keys.queue_expiry, keys.waiting]
         args = [
             owner,
@@ -712,7 +727,7 @@ class AsyncRedisBackend(AsyncBackend):
         return results
 
     async def release(self, name: str, owner: str, hold_for: float = 0.0) -> Outcome:
-        keys = scripts.lock_keys(self.prefix, name)
+        keys = self._keys(name)
         hold = str(_ms(hold_for)) if hold_for > 0 else "0"
         result = await self._run(
             self._release,
@@ -727,12 +742,12 @@ class AsyncRedisBackend(AsyncBackend):
         return outcome
 
     async def extend(self, name: str, owner: str, ttl: float) -> Outcome:
-        keys = scripts.lock_keys(self.prefix, name)
+        keys = self._keys(name)
         result = await self._run(self._extend, name, "extend", [keys.lock], [owner, str(_ms(ttl))])
         return _OUTCOMES[int(result)]
 
     async def inspect(self, name: str) -> LockInfo | None:
-        keys = scripts.lock_keys(self.prefix, name)
+        keys = self._keys(name)
         result = await self._run(self._inspect, name, "inspect", [keys.lock], [])
         if result is None:
             return None
@@ -747,7 +762,7 @@ class AsyncRedisBackend(AsyncBackend):
         return LockInfo(name, owner or None, int(token), ttl)
 
     async def force_release(self, name: str) -> bool:
-        keys = scripts.lock_keys(self.prefix, name)
+        keys = self._keys(name)
         result = await self._run(
             self._force_release,
             name,
@@ -760,7 +775,7 @@ class AsyncRedisBackend(AsyncBackend):
         return bool(int(result))
 
     async def leave_queue(self, name: str, owner: str) -> None:
-        keys = scripts.lock_keys(self.prefix, name)
+        keys = self._keys(name)
         result = await self._run(
             self._leave_queue,
             name,
@@ -775,6 +790,15 @@ class AsyncRedisBackend(AsyncBackend):
 
     def waiter(self, name: str) -> AsyncRedisWaiter:
         return AsyncRedisWaiter(self, name)
+
+    def _keys(self, name: str) -> scripts.LockKeys:
+        """The keys of `name`, remembered: the hot path would build them twice per cycle."""
+        keys = self._known_keys.get(name)
+        if keys is None:
+            if len(self._known_keys) >= KNOWN_KEYS:
+                self._known_keys.clear()
+            keys = self._known_keys[name] = scripts.lock_keys(self.prefix, name)
+        return keys
 
     def _take_blocking_slot(self) -> bool:
         """May one more waiter of this process block a connection of its own?"""
