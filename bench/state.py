@@ -19,9 +19,10 @@ import time
 import uuid
 from pathlib import Path
 
+from tests.footprint import footprint_for
+
 import corral
 from bench.backends import BACKENDS, start
-from tests.footprint import footprint_for
 
 TTL = 2.0
 
