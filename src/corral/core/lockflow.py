@@ -35,6 +35,9 @@ NOTIFIED_RECHECK = 1.0
 MIN_WAIT = 0.0005
 # Below this much lease left, a renewal retry could not land in time.
 MIN_RETRY = 0.001
+# The longest pause between the polls of a waiter in the queue (backends that cannot
+# push a wake-up): short, since the lock waits for the queue's head.
+QUEUED_POLL_CAP = 0.01
 # A default (unfair) lock lets a newcomer take a free lock before the waiters,
 # which is fast, until a waiter has waited this long: then it joins the lock's
 # queue, and nobody may take the lock past it (Go's sync.Mutex does the same).
@@ -91,7 +94,9 @@ class WaitPlan:
         self.deadline = None if wait is None else now + wait
         self.fail_fast = fail_fast
         self.notifies = notifies
-        self.backoff = backoff or Backoff()
+        # A fair waiter is in the queue from the start: it polls briskly (see `queue`).
+        queued_cap = QUEUED_POLL_CAP if refresh_every is not None else None
+        self.backoff = backoff or (Backoff(cap=queued_cap) if queued_cap else Backoff())
         self.refresh_every = refresh_every
         self.queue_at = None if queue_after is None else now + queue_after
 
@@ -104,9 +109,15 @@ class WaitPlan:
         return self.queue_at is not None and now >= self.queue_at
 
     def queue(self, refresh_every: float) -> None:
-        """The waiter joined the queue: refresh its place this often, never queue again."""
+        """The waiter joined the queue: refresh its place this often, never queue again.
+
+        Where waiters poll, a queued one polls briskly from now on: nobody may take
+        the lock before the queue's head, so the lock stays idle until the head's
+        next poll finds it free.
+        """
         self.queue_at = None
         self.refresh_every = refresh_every
+        self.backoff = Backoff(initial=self.backoff.initial, cap=QUEUED_POLL_CAP)
 
     def remaining(self, now: float) -> float | None:
         return None if self.deadline is None else self.deadline - now
