@@ -881,19 +881,15 @@ def test_busy_message_says_when_nobody_holds_it_but_hold_for_keeps_it_closed(
 # -- status creates nothing ----------------------------------------------------------------
 
 
-def _inspect_creates_directories(probe: Path) -> bool:
-    import corral as library
-
-    with library.connect(f"sqlite:///{probe}/x.db") as store:
-        store.lock_info("x")
-    return probe.exists()
-
-
 def test_status_creates_no_directory(
     corral: Corral, default_env: dict[str, str], tmp_path: Path
 ) -> None:
-    if _inspect_creates_directories(tmp_path / "probe" / "dir"):
-        pytest.xfail("the SQLite backend's inspect still creates the file and its directory")
+    import corral as library
+
+    probe = tmp_path / "probe" / "dir"
+    with library.connect(f"sqlite:///{probe}/x.db") as store:
+        assert store.lock_info("x") is None
+    assert not probe.parent.exists()  # the library's inspect creates nothing
     missing = tmp_path / "missing"
     result = corral("status", "x", "--url", f"sqlite:///{missing}/dir/x.db")
     assert result.returncode == 0, result.stderr
