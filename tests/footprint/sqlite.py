@@ -9,6 +9,7 @@ acquisition; nothing else is kept per store.
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 from typing import Any
 
@@ -22,6 +23,8 @@ TABLES = ("locks", "queue", "waiters", "sequence", "fences")
 def count(store: Any, url: str) -> int:
     options = parse_url(url, {})
     prefix = options.table_prefix or DEFAULT_TABLE_PREFIX
+    if not os.path.exists(options.path):
+        return 0  # nothing was ever written
     with contextlib.closing(sqlite3.connect(f"file:{options.path}?mode=ro", uri=True)) as conn:
         present = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
         return sum(
