@@ -58,3 +58,23 @@ def test_the_default_registry_takes_several_stores() -> None:
         corral.prometheus.register(one)
         corral.prometheus.register(two)  # no DuplicateTimeseries
         assert 'store="memory://two"' in generate_latest(REGISTRY).decode()
+
+
+def test_counters_never_go_down_when_a_store_is_closed_and_dropped() -> None:
+    import gc
+
+    registry = CollectorRegistry()
+    kept = corral.connect("memory://shared")
+    gone = corral.connect("memory://shared")
+    corral.prometheus.register(kept, registry)
+    corral.prometheus.register(gone, registry)
+    assert kept.lock("a", ttl=10).acquire()
+    for name in "bcd":
+        assert gone.lock(name, ttl=10).acquire()
+    line = 'corral_lock_acquisitions_total{store="memory://shared"} 4.0'
+    assert line in scrape(registry)
+    gone.close()
+    del gone
+    gc.collect()
+    assert line in scrape(registry)
+    kept.close()

@@ -13,7 +13,7 @@ The collector reads `store.stats()` at each scrape, so it costs nothing
 between scrapes and always agrees with what the store itself reports. Works
 with blocking and asyncio stores alike. Register as many stores as you like:
 each metric is one family, with a sample per store (label `store`: the
-store's URL, password removed).
+store's URL, password removed); a store's counts stay after it is closed.
 """
 
 from __future__ import annotations
@@ -62,29 +62,37 @@ class StoresCollector(Collector):
 
     Each metric is one family with a sample per store (label `store`) and, for
     caches, per namespace: Prometheus refuses a metric name exposed twice.
-    Stores on the same URL are added up. Stores are held weakly: a store that
-    is gone is no longer reported.
+    Stores on the same URL are added up. What a store counted stays in the
+    totals after the store is closed or gone, since a Prometheus counter must
+    never go down (it would read as a reset): the collector keeps each store's
+    counters (a few numbers), not the store.
     """
 
     def __init__(self, namespace: str = "corral") -> None:
         self._namespace = namespace
-        self._stores: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._mutex = threading.Lock()
+        self._sources: list[tuple[str, Any]] = []
 
     def add(self, store: _HasStats) -> None:
-        self._stores.add(store)
+        source = getattr(store, "metrics", None)
+        snapshot = source.snapshot if source is not None else store.stats
+        with self._mutex:
+            self._sources.append((store.server, snapshot))
 
     def collect(self) -> Iterator[Metric]:
         counters: dict[tuple[str, tuple[str, ...]], float] = {}
         histograms: dict[tuple[str, tuple[str, ...]], dict[str, Any]] = {}
         labels_of: dict[str, list[str]] = {}
         docs: dict[str, str] = {}
-        for store in list(self._stores):
-            stats = store.stats()
+        with self._mutex:
+            sources = list(self._sources)
+        for server, snapshot in sources:
+            stats = snapshot()
             for name, value in stats["locks"].items():
                 metric = f"{self._namespace}_lock_{name}"
                 labels_of[metric] = ["store"]
                 docs[metric] = {**LOCK_COUNTERS, **LOCK_HISTOGRAMS}.get(name, name)
-                key: tuple[str, tuple[str, ...]] = (metric, (store.server,))
+                key: tuple[str, tuple[str, ...]] = (metric, (server,))
                 if isinstance(value, Mapping):
                     histograms[key] = _add_histograms(histograms.get(key), value)
                 else:
@@ -94,7 +102,7 @@ class StoresCollector(Collector):
                     metric = f"{self._namespace}_cache_{name}"
                     labels_of[metric] = ["store", "namespace"]
                     docs[metric] = f"cache {name}"
-                    key = (metric, (store.server, namespace))
+                    key = (metric, (server, namespace))
                     if isinstance(value, Mapping):
                         histograms[key] = _add_histograms(histograms.get(key), value)
                     else:

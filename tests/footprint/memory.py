@@ -1,4 +1,8 @@
-"""memory://: the backend's own tables, read in the process that holds them."""
+"""memory://: the backend's own tables, read in the process that holds them.
+
+The expiry heap is an index over these tables, kept bounded on its own (see
+`tests/core/test_memory_heap.py`): it is not state kept per name.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,7 @@ from typing import Any
 from tests.footprint import register
 
 
-# Each held lock is one entry (plus, in the expiry heap, one or two pending expiries);
-# the heap is rebuilt once it holds 64 superseded expiries more than twice the live ones.
-@register("memory", per_held=3, constant=64)
+@register("memory", per_held=1, constant=0)
 def count(store: Any, url: str) -> int:
     backend = store.backend
-    return len(backend._locks) + len(backend._queues) + len(backend._expiries)
+    return len(backend._locks) + len(backend._queues)

@@ -277,13 +277,19 @@ class Lock:
             if self.fair:
                 waiter.for_owner(owner)
             with waiter:
-                # Subscribed before this attempt: a release from now on wakes us.
+                # Subscribed before this attempt: a release from now on wakes us. A
+                # waiter that cannot miss a release since the first attempt (its wake-ups
+                # wait to be taken) goes straight to waiting.
+                skip = not waiter.attempt_on_entering
                 while True:
-                    sent_at = self.clock_now()
-                    attempt = self._attempt(owner, queue_ttl)
-                    if attempt.acquired:
-                        granted = attempt
-                        break
+                    if skip:
+                        skip = False
+                    else:
+                        sent_at = self.clock_now()
+                        attempt = self._attempt(owner, queue_ttl)
+                        if attempt.acquired:
+                            granted = attempt
+                            break
                     now = self.clock_now()
                     if plan.should_queue(now):
                         queue_ttl = FAIR_QUEUE_TTL
@@ -660,6 +666,30 @@ class Lock:
             self._entered.setdefault(current_task(), []).append(held)
         return Acquisition(self, held)
 
+    def _block_leaving(self) -> _Held | None:
+        """The acquisition the block now leaving entered (called under `_state`).
+
+        Usually this task's last entry. A block may also leave on another thread
+        than it entered (a web framework running a dependency's enter and exit in
+        two calls of its thread pool): then it is the entry, of any task, whose
+        acquisition is the current one.
+        """
+        me = current_task()
+        stack = self._entered.get(me)
+        if stack:
+            held = stack.pop()
+            if not stack:
+                del self._entered[me]
+            return held
+        current = self._held
+        for task, entries in self._entered.items():
+            if current is not None and current in entries:
+                entries.remove(current)
+                if not entries:
+                    del self._entered[task]
+                return current
+        return None  # this block's acquisition is over already: nothing to release
+
     def _timeout_error(self) -> LockTimeout:
         """What the caller of `with store.lock(...)` needs when it timed out: who holds it."""
         try:
@@ -697,12 +727,8 @@ class Lock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        me = current_task()
         with self._state:
-            stack = self._entered.get(me)
-            held = stack.pop() if stack else self._mine()
-            if stack is not None and not stack:
-                del self._entered[me]
+            held = self._block_leaving()
         if held is None or held is not self._mine():
             # Released inside the block (held.release()), never this block's, or the
             # parent's, in a child forked inside the block.

@@ -81,17 +81,16 @@ class Renewer:
         try:
             self._schedule(generation)
         finally:
-            # Ended, or cancelled with its event loop (asyncio.run cancels what is left):
-            # a later lock of this scope gets a new worker.
+            # Ended, or cancelled with its event loop (asyncio.run cancels what is left).
+            # The renewer stays registered for its scope: removing it here could race
+            # with a lock registering on it meanwhile, which a newer renewer would then
+            # never wake. It holds its event loop only weakly; the wake-up event, which
+            # binds to the loop it was awaited on, is made anew, so a finished loop is
+            # not kept alive through it and the registry forgets it with the loop.
             with self._mutex:
-                current = self._generation == generation
-                if current:
+                if self._generation == generation:
                     self._worker = None
-            if current:
-                with _REGISTRY_MUTEX:
-                    key = self._key()
-                    if key is not None and _RENEWERS.get(key) is self:
-                        del _RENEWERS[key]
+                    self._wake = Event()
 
     def _schedule(self, generation: int) -> None:
         while True:

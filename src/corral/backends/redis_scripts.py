@@ -120,12 +120,13 @@ WAITING_PAUSES = 3
 # attempt failed recently (nobody waits). KEYS: queue, queue_expiry, signal, waiting;
 # ARGV: the wake-list prefix, the channel.
 _WAKE = """
+if redis.replicate_commands then redis.replicate_commands() end
 local function wake(queue, queue_expiry, signal, waiting, wake_prefix, channel, why)
   if redis.call('EXISTS', waiting) == 0 then return end
+  local time = redis.call('TIME')
+  local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
   local head = redis.call('ZRANGE', queue, 0, 0)[1]
-  if head then
-    local time = redis.call('TIME')
-    local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  while head do
     local expires = tonumber(redis.call('ZSCORE', queue_expiry, head))
     if expires and expires > now then
       local list = wake_prefix .. head
@@ -135,10 +136,14 @@ local function wake(queue, queue_expiry, signal, waiting, wake_prefix, channel, 
       redis.call('PUBLISH', channel, '%HEAD%' .. head)
       return
     end
+    -- A dead waiter's place: drop it, so the wake-up reaches the live one behind it.
+    redis.call('ZREM', queue, head)
+    redis.call('ZREM', queue_expiry, head)
+    head = redis.call('ZRANGE', queue, 0, 0)[1]
   end
   redis.call('DEL', signal)
   redis.call('RPUSH', signal, 1)
-  redis.call('PEXPIRE', signal, redis.call('PTTL', waiting))
+  redis.call('PEXPIRE', signal, math.max(redis.call('PTTL', waiting), 1000))
   redis.call('PUBLISH', channel, why)
 end
 """
@@ -272,9 +277,10 @@ return 0
 """
 )
 
-# KEYS: queue, queue_expiry, signal, waiting
+# KEYS: queue, queue_expiry, signal, waiting, lock
 # ARGV: owner, channel, wake-list prefix
-# Returns 1 when the owner was at the head (the next waiter was told to try), else 0.
+# Returns 1 when the owner was at the head of a free lock's queue (the next waiter was
+# told to try), else 0. While the lock is held, its release will wake the next.
 LEAVE_QUEUE = (
     _WAKE
     + """
@@ -282,7 +288,7 @@ local head = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('DEL', ARGV[3] .. ARGV[1])
-if head == ARGV[1] then
+if head == ARGV[1] and redis.call('EXISTS', KEYS[5]) == 0 then
   wake(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[3], ARGV[2], 'left')
   return 1
 end

@@ -17,23 +17,24 @@ from types import TracebackType
 
 __all__ = ["ProcessLock", "pid"]
 
-# Serialises replacements; itself replaced right after each fork, while the child
-# still has a single thread.
+# Serialises replacements; itself replaced right after each fork that runs Python's
+# fork hooks, while the child still has a single thread.
 _REPLACING = threading.Lock()
-# This process's id, kept here because `os.getpid()` is a system call and the
-# lock's hot path asks many times per acquisition.
-_PID = os.getpid()
 
 
 def pid() -> int:
-    """`os.getpid()`, without the system call."""
-    return _PID
+    """This process's id, asked of the kernel every time.
+
+    Never cached: a process forked from C without Python's fork hooks (uWSGI's
+    prefork, a snapshot restored as a clone) would keep its parent's id, and then
+    its parent's owner ids, locks and sockets.
+    """
+    return os.getpid()
 
 
 def _after_fork_in_child() -> None:
-    global _REPLACING, _PID
+    global _REPLACING
     _REPLACING = threading.Lock()
-    _PID = os.getpid()
 
 
 if hasattr(os, "register_at_fork"):
@@ -47,14 +48,14 @@ class ProcessLock:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pid = _PID
+        self._pid = os.getpid()
 
     def _here(self) -> threading.Lock:
-        if self._pid != _PID:
+        if self._pid != os.getpid():
             with _REPLACING:
-                if self._pid != _PID:
+                if self._pid != os.getpid():
                     self._lock = threading.Lock()
-                    self._pid = _PID
+                    self._pid = os.getpid()
         return self._lock
 
     def acquire(self, timeout: float | None = None) -> bool:
@@ -73,10 +74,7 @@ class ProcessLock:
         return self._here().locked()
 
     def __enter__(self) -> ProcessLock:
-        if self._pid == _PID:
-            self._lock.acquire()
-        else:
-            self._here().acquire()
+        self._here().acquire()
         return self
 
     def __exit__(

@@ -13,7 +13,6 @@ import re
 import secrets
 import socket
 
-from corral.core import forks
 from corral.core.backoff import Backoff
 from corral.core.primitives import Attempt, Outcome
 from corral.errors import LockError, LockExpired, LockLost
@@ -49,27 +48,25 @@ STARVE_AFTER = 0.1
 _UNSTORABLE = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
 
 
-# Unique per process (with host and pid): random, drawn again in a forked child. Each
-# owner id adds a count to it, which is cheaper than drawing random bytes per attempt.
-_PROCESS_PART = secrets.token_hex(4)
-_ATTEMPTS = itertools.count()
-
-
-def _new_process_part() -> None:
-    global _PROCESS_PART, _ATTEMPTS
-    _PROCESS_PART = secrets.token_hex(4)
-    _ATTEMPTS = itertools.count()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_process_part)
+# Unique per process: 64 random bits, drawn again whenever the process id changes (a
+# fork, with or without Python's fork hooks). Each owner id adds a count to them,
+# which is cheaper than drawing random bytes from the kernel per attempt.
+_PROCESS_PART = (os.getpid(), secrets.token_hex(8), itertools.count())
 
 
 def make_owner(label: str) -> str:
     """A unique, readable owner id: who holds the lock, for humans and for compare-and-delete."""
+    global _PROCESS_PART
+    pid, random_part, attempts = _PROCESS_PART
+    if pid != os.getpid():
+        pid, random_part, attempts = _PROCESS_PART = (
+            os.getpid(),
+            secrets.token_hex(8),
+            itertools.count(),
+        )
     if _UNSTORABLE.search(label):
         label = _UNSTORABLE.sub("?", label)
-    return f"{_HOST}:{forks.pid()}:{label}:{_PROCESS_PART}{next(_ATTEMPTS):x}"
+    return f"{_HOST}:{pid}:{label}:{random_part}{next(attempts):x}"
 
 
 class WaitPlan:

@@ -28,6 +28,7 @@ publishes, naming the queue's head when there is one.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 from collections.abc import Callable
@@ -51,7 +52,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from corral._async._compat import Event, Lock, Worker, spawn
+from corral._async._compat import Event, Lock, Worker, sleep, spawn
 from corral._async.backends.base import AsyncBackend, AsyncSubscribingWaiter, Feed
 from corral.backends import redis_scripts as scripts
 from corral.backends.registry import check_userinfo, redact
@@ -72,6 +73,8 @@ except ImportError:  # pragma: no cover - hiredis comes with corral[redis]
     pack_command = None
 
 __all__ = ["AsyncRedisBackend"]
+
+log = logging.getLogger("corral.redis")
 
 DEFAULT_TIMEOUT = 5.0
 # How long the listener blocks on one read before it looks at its flags again.
@@ -98,6 +101,10 @@ MAX_SPARES = 8
 UNBOUNDED = 2**31
 # Lock names whose keys a backend remembers (a bounded cache: names may be unbounded).
 KNOWN_KEYS = 4096
+# Shorter waits are slept, not spent blocked on a pop (see AsyncRedisWaiter.wait).
+BLOCK_AT_LEAST = 0.2
+# How late Redis may end a blocked pop: its timers run on a clock tick, 10 a second.
+TICK = 0.1
 # Waiters of one process that may each block a connection of their own (BLPOP); more
 # wait on the pub/sub feed, which serves any number over one connection.
 MAX_BLOCKING = 64
@@ -345,6 +352,9 @@ class AsyncRedisWaiter(AsyncSubscribingWaiter):
     async def __aenter__(self) -> AsyncRedisWaiter:
         if self._backend._take_blocking_slot():
             self._blocking = True
+            # The failed attempt set the marker, so any release since pushed a token
+            # that the first pop will take: no need to attempt again before waiting.
+            self.attempt_on_entering = False
             return self
         await super().__aenter__()
         return self
@@ -364,8 +374,17 @@ class AsyncRedisWaiter(AsyncSubscribingWaiter):
     async def wait(self, timeout: float) -> bool:
         if not self._blocking:
             return await super().wait(timeout)
-        key = self._keys.signal if self.owner is None else self._keys.wake(self.owner)
-        return await self._backend._block_on(key, timeout)
+        if timeout >= BLOCK_AT_LEAST:
+            key = self._keys.signal if self.owner is None else self._keys.wake(self.owner)
+            # Redis ends a blocked pop's timeout on its clock tick (10 a second), up to
+            # 0.1 s late: block for the wait less that, the rest is slept here.
+            popped = await self._backend._block_on(key, timeout - TICK)
+            if popped is not None:
+                return popped
+        # A short wait (the holder's TTL about to end, the caller's wait about to run
+        # out) is slept exactly; so is one whose pop the server could not take.
+        await sleep(timeout)
+        return False
 
     async def _join(self) -> Feed:
         return await self._backend._subscribe(self._name, self._channel, self._event, self.owner)
@@ -454,6 +473,7 @@ class AsyncRedisBackend(AsyncBackend):
         # Waiters of this process now blocked on a connection of their own (BLPOP).
         self._blocking = 0
         self._blocking_pid = forks.pid()
+        self._blocking_refused = False
 
     url_options = (
         Option(
@@ -583,7 +603,7 @@ class AsyncRedisBackend(AsyncBackend):
             )
         return BackendError(
             f"{where}: Redis answered with an error ({exc}); check the server's logs, "
-            "its ACL permissions (EVALSHA, PUBLISH, SUBSCRIBE) and maxmemory settings"
+            "its ACL permissions (EVALSHA, BLPOP, PUBLISH, SUBSCRIBE) and maxmemory settings"
         )
 
     # -- primitives ---------------------------------------------------------------
@@ -780,7 +800,7 @@ class AsyncRedisBackend(AsyncBackend):
             self._leave_queue,
             name,
             "leave the queue of",
-            [keys.queue, keys.queue_expiry, keys.signal, keys.waiting],
+            [keys.queue, keys.queue_expiry, keys.signal, keys.waiting, keys.lock],
             [owner, keys.channel, keys.wake_prefix],
         )
         if int(result):
@@ -807,8 +827,10 @@ class AsyncRedisBackend(AsyncBackend):
         with self._feed_mutex:
             if self._blocking_pid != forks.pid():
                 self._blocking_pid, self._blocking = forks.pid(), 0
-            if self._blocking >= MAX_BLOCKING or self._closed:
+            if self._blocking >= MAX_BLOCKING or self._closed or self._blocking_refused:
                 return False
+            if self._timeout * WAIT_SHARE < BLOCK_AT_LEAST:
+                return False  # a pop could never outlast the socket timeout: use the feed
             self._blocking += 1
             return True
 
@@ -817,28 +839,32 @@ class AsyncRedisBackend(AsyncBackend):
             if self._blocking_pid == forks.pid() and self._blocking > 0:
                 self._blocking -= 1
 
-    async def _block_on(self, key: str, timeout: float) -> bool:
-        """BLPOP `key` for up to `timeout` seconds; True when a token came (or on trouble).
+    async def _block_on(self, key: str, timeout: float) -> bool | None:
+        """BLPOP `key` for up to `timeout` seconds: True when a token came, False when not,
+        None when no pop could be made (the caller then sleeps instead).
 
-        Trouble (the server gone, the store closed) answers True: the caller's next
-        attempt reports it properly, within its own timeout.
+        None, never a quick True, on trouble: a waiter that re-attempted at once
+        would spin against a server that refuses the pop but takes the attempt. A
+        server that refuses BLPOP itself (an ACL without it, Redis before 6, a proxy)
+        is remembered, and later waiters of this store use the pub/sub feed.
         """
-        seconds = min(timeout, self._timeout * WAIT_SHARE)
-        if seconds < 0.001:
-            return False
         if self._closed:
-            return True
+            return True  # the next attempt says the store is closed
+        seconds = min(timeout, self._timeout * WAIT_SHARE)
         pool: Any = self._pool
         try:
             connection: Any = await pool.get_connection()
         except (RedisError, OSError):
-            return True
+            return None
         try:
             await connection.send_command("BLPOP", key, f"{seconds:.3f}")
             reply = await connection.read_response()
+        except ResponseError as exc:
+            self._refuse_blocking(exc)
+            return None
         except (RedisError, OSError):
             await connection.disconnect()
-            return True
+            return None
         except BaseException:
             # Cancelled while blocked: the reply may still come; never reuse the connection.
             await connection.disconnect()
@@ -846,6 +872,18 @@ class AsyncRedisBackend(AsyncBackend):
         finally:
             await pool.release(connection)
         return reply is not None
+
+    def _refuse_blocking(self, exc: ResponseError) -> None:
+        with self._feed_mutex:
+            first = not self._blocking_refused
+            self._blocking_refused = True
+        if first:
+            log.warning(
+                "%s refused BLPOP (%s): waiters fall back to the pub/sub feed, which wakes "
+                "them later; allow BLPOP to corral's ACL user (Redis >= 6 needed)",
+                self._server,
+                exc,
+            )
 
     def _current_feed(self) -> AsyncReleaseFeed:
         with self._feed_mutex:

@@ -39,6 +39,9 @@ class Waiter:
         self._name = name
         self._event = Event()
         self.owner: str | None = None
+        # Whether the lock logic must attempt once more right after entering: yes when
+        # a release between the first attempt and the subscription could go unheard.
+        self.attempt_on_entering = True
 
     def for_owner(self, owner: str) -> Waiter:
         """Wait as this owner, queued for the lock: a backend may then wake only the queue's head.

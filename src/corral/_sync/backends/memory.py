@@ -61,6 +61,7 @@ class MemoryBackend(Backend):
         # (when, name): every expiry ever set, soonest first, so expired entries of
         # names nobody looks up again are still dropped (see `_sweep`).
         self._expiries: list[tuple[float, str]] = []
+        self._live_after_rebuild = 0
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock, **options: Any) -> MemoryBackend:
@@ -75,15 +76,17 @@ class MemoryBackend(Backend):
 
     def _expires(self, name: str, when: float) -> float:
         heapq.heappush(self._expiries, (when, name))
-        if len(self._expiries) > 2 * (len(self._locks) + len(self._queues)) + 64:
+        if len(self._expiries) > 2 * self._live_after_rebuild + 64:
             # Superseded expiries (a lock extended, released, or acquired again) would
-            # otherwise pile up until their time comes: rebuild from what is live, at a
-            # cost spread over at least as many pushes as the heap then holds.
+            # otherwise pile up until their time comes: rebuild from what is live. The
+            # heap has at least doubled since the last rebuild, so the cost per push
+            # stays constant, however many locks and queue places there are.
             live = [(entry.expires_at, n) for n, entry in self._locks.items()]
             live += [(t, n) for n, queue in self._queues.items() for t in queue.values()]
             live.append((when, name))
             heapq.heapify(live)
             self._expiries = live
+            self._live_after_rebuild = len(live)
         return when
 
     def _sweep(self, now: float) -> None:
