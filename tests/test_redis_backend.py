@@ -145,3 +145,42 @@ def test_a_release_with_nobody_waiting_spends_nothing_on_wake_ups(
         lock.release()
         assert client.llen(keys.signal) == 1
     client.close()
+
+
+def test_a_server_that_refuses_blpop_never_makes_a_waiter_spin(
+    backend_url: str, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An ACL without BLPOP (or a proxy, or Redis before 6): waiters sleep and then use the
+    pub/sub feed, instead of re-attempting as fast as the server answers."""
+    admin: Any = redis.Redis.from_url(backend_url)
+    user = f"noblock{name[-6:]}"
+    admin.acl_setuser(
+        user,
+        enabled=True,
+        passwords=["+pw"],
+        keys=["*"],
+        channels=["*"],
+        commands=["+@all", "-blpop"],
+    )
+    host_part = backend_url.split("://", 1)[1]
+    url = f"redis://{user}:pw@{host_part}"
+    try:
+        with corral.connect(backend_url) as holder_store, corral.connect(url) as store:
+            holder = holder_store.lock(name, ttl=30)
+            assert holder.acquire()
+            calls = int(admin.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+            assert not store.lock(name, ttl=30).acquire(wait=1.5)
+            attempts = int(admin.info("commandstats")["cmdstat_evalsha"]["calls"]) - calls
+            assert attempts < 20, f"{attempts} attempts in 1.5 s: the waiter spun"
+            assert "refused BLPOP" in caplog.text
+            # Later waiters of that store listen to the feed: a release wakes them.
+            waiter = store.lock(name, ttl=30)
+            thread, got = wait_in_thread(waiter, 30)
+            time.sleep(0.3)
+            holder.release()
+            thread.join(30)
+            assert got == [True]
+            waiter.release()
+    finally:
+        admin.acl_deluser(user)
+        admin.close()
