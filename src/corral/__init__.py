@@ -3,9 +3,10 @@
 import logging
 
 from corral._sync.lock import Acquisition, Lock
+from corral._sync.semaphore import Semaphore
 from corral._sync.store import Store, connect
 from corral.core.capabilities import Capabilities
-from corral.core.primitives import LockInfo
+from corral.core.primitives import LockInfo, SemaphoreInfo
 from corral.errors import (
     BackendError,
     BackendUnavailable,
@@ -38,6 +39,8 @@ __all__ = [
     "LockInfo",
     "LockLost",
     "LockTimeout",
+    "Semaphore",
+    "SemaphoreInfo",
     "SerializationError",
     "SourceUnavailable",
     "Store",

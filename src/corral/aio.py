@@ -11,16 +11,19 @@ from corral import (
     LockInfo,
     LockLost,
     LockTimeout,
+    SemaphoreInfo,
     SerializationError,
     SourceUnavailable,
     __version__,
 )
 from corral._async.lock import AsyncAcquisition, AsyncLock
+from corral._async.semaphore import AsyncSemaphore
 from corral._async.store import AsyncStore, connect
 
 __all__ = [
     "AsyncAcquisition",
     "AsyncLock",
+    "AsyncSemaphore",
     "AsyncStore",
     "BackendError",
     "BackendUnavailable",
@@ -32,6 +35,7 @@ __all__ = [
     "LockInfo",
     "LockLost",
     "LockTimeout",
+    "SemaphoreInfo",
     "SerializationError",
     "SourceUnavailable",
     "__version__",

@@ -88,15 +88,17 @@ class StoresCollector(Collector):
             sources = list(self._sources)
         for server, snapshot in sources:
             stats = snapshot()
-            for name, value in stats["locks"].items():
-                metric = f"{self._namespace}_lock_{name}"
-                labels_of[metric] = ["store"]
-                docs[metric] = {**LOCK_COUNTERS, **LOCK_HISTOGRAMS}.get(name, name)
-                key: tuple[str, tuple[str, ...]] = (metric, (server,))
-                if isinstance(value, Mapping):
-                    histograms[key] = _add_histograms(histograms.get(key), value)
-                else:
-                    counters[key] = counters.get(key, 0.0) + float(value)
+            for kind, family_of in (("lock", "locks"), ("semaphore", "semaphores")):
+                for name, value in stats.get(family_of, {}).items():
+                    metric = f"{self._namespace}_{kind}_{name}"
+                    labels_of[metric] = ["store"]
+                    doc = {**LOCK_COUNTERS, **LOCK_HISTOGRAMS}.get(name, name)
+                    docs[metric] = doc if kind == "lock" else f"{doc} (semaphore slots)"
+                    key: tuple[str, tuple[str, ...]] = (metric, (server,))
+                    if isinstance(value, Mapping):
+                        histograms[key] = _add_histograms(histograms.get(key), value)
+                    else:
+                        counters[key] = counters.get(key, 0.0) + float(value)
             for namespace, metrics in stats.get("caches", {}).items():
                 for name, value in metrics.items():
                     metric = f"{self._namespace}_cache_{name}"

@@ -36,6 +36,7 @@ from corral._sync._compat import (
     start_job,
     undo_if_interrupted,
 )
+from corral._sync.backends.base import Waiter
 from corral._sync.renewer import renewer
 from corral.core import forks
 from corral.core.forks import ProcessLock
@@ -58,6 +59,7 @@ from corral.errors import (
 
 if TYPE_CHECKING:
     from corral._sync.store import Store
+    from corral.core.stats import Metrics
 
 __all__ = ["Acquisition", "Lock"]
 
@@ -74,6 +76,14 @@ def add_note(exc: BaseException, note: str) -> None:
         except AttributeError:
             return
     notes.append(note)
+
+
+def describe_holder(info: LockInfo) -> str:
+    if info.owner is None:
+        return (
+            f"it is kept closed, with no owner, for {info.ttl:.1f} s more (release(hold_for=...))"
+        )
+    return f"held by {info.owner} (token {info.token}, {info.ttl:.1f} s left)"
 
 
 class _Unset:
@@ -132,7 +142,7 @@ class Lock:
     ) -> None:
         self._store = store
         self._backend = store.backend
-        self._stats = store.metrics.locks
+        self._stats = self._metrics(store)
         self.name = name
         self.ttl = ttl
         self.wait = wait
@@ -148,6 +158,46 @@ class Lock:
         self._gate_pid = forks.pid()
         # The acquisitions `with` blocks entered, per thread or task (see __exit__).
         self._entered: dict[object, list[_Held]] = {}
+
+    kind = "lock"
+    """What the handle is called in messages."""
+
+    def _metrics(self, store: Store) -> Metrics:
+        return store.metrics.locks
+
+    # -- the backend primitives this handle uses (a semaphore uses its slot ones) --
+
+    def _server_attempt(self, owner: str, queue_ttl: float | None) -> Attempt:
+        return self._backend.try_acquire(
+            self.name,
+            owner,
+            self.ttl,
+            queue_ttl=queue_ttl,
+            replicas=self.replicas,
+            replica_timeout=REPLICA_TIMEOUT,
+        )
+
+    def _server_release(self, owner: str, hold_for: float = 0.0) -> Outcome:
+        return self._backend.release(self.name, owner, hold_for)
+
+    def _server_extend(self, owner: str, ttl: float) -> Outcome:
+        return self._backend.extend(self.name, owner, ttl)
+
+    def _server_standing(self, owner: str) -> Outcome:
+        """OK while `owner` holds it; else EXPIRED (free now) or LOST (another holds it)."""
+        info = self._backend.inspect(self.name)
+        if info is None:
+            return Outcome.EXPIRED
+        return Outcome.OK if info.owner == owner else Outcome.LOST
+
+    def _server_busy(self) -> bool:
+        return self._backend.inspect(self.name) is not None
+
+    def _server_leave_queue(self, owner: str) -> None:
+        self._backend.leave_queue(self.name, owner)
+
+    def _server_waiter(self) -> Waiter:
+        return self._backend.waiter(self.name)
 
     def __repr__(self) -> str:
         state = "held" if self.held else "not held"
@@ -242,9 +292,9 @@ class Lock:
             raise error
         if not self.reentrant:
             raise LockError(
-                f"lock {self.name!r}: this thread or task already holds it through this handle, "
-                "so waiting for it would wait forever; pass reentrant=True to let the holder "
-                "enter again (other threads and tasks still wait their turn)"
+                f"{self.kind} {self.name!r}: this thread or task already holds it through "
+                "this handle, so waiting for it would wait forever; pass reentrant=True to "
+                "let the holder enter again (other threads and tasks still wait their turn)"
             )
         held.count += 1
         return True
@@ -273,7 +323,7 @@ class Lock:
         )
         granted: Attempt | None = None
         try:
-            waiter = self._backend.waiter(self.name)
+            waiter = self._server_waiter()
             if self.fair:
                 waiter.for_owner(owner)
             with waiter:
@@ -323,14 +373,7 @@ class Lock:
 
     def _attempt(self, owner: str, queue_ttl: float | None) -> Attempt:
         def attempt() -> Attempt:
-            return self._backend.try_acquire(
-                self.name,
-                owner,
-                self.ttl,
-                queue_ttl=queue_ttl,
-                replicas=self.replicas,
-                replica_timeout=REPLICA_TIMEOUT,
-            )
+            return self._server_attempt(owner, queue_ttl)
 
         def undo(result: Attempt | None) -> None:
             # Interrupted before the answer: the server may have granted it. Once the
@@ -347,17 +390,19 @@ class Lock:
 
     def _take_back(self, owner: str) -> None:
         try:
-            shield(self._backend.release(self.name, owner))
+            shield(self._server_release(owner))
         except BaseException:
-            log.debug("could not take back an acquisition of lock %r", self.name, exc_info=True)
+            log.debug(
+                "could not take back an acquisition of %s %r", self.kind, self.name, exc_info=True
+            )
 
     def _leave_queue(self, owner: str, *, queued: bool) -> None:
         if not queued:
             return
         try:
-            self._backend.leave_queue(self.name, owner)
+            self._server_leave_queue(owner)
         except BaseException:
-            log.debug("could not leave the queue of lock %r", self.name, exc_info=True)
+            log.debug("could not leave the queue of %s %r", self.kind, self.name, exc_info=True)
 
     def _took(
         self,
@@ -410,9 +455,9 @@ class Lock:
             granted_at=now,
         )
         if self.replicas and (attempt.replicas_acked or 0) < self.replicas:
-            shield(self._backend.release(self.name, owner))
+            shield(self._server_release(owner))
             raise BackendUnavailable(
-                f"lock {self.name!r} on {self._backend.server}: only "
+                f"{self.kind} {self.name!r} on {self._backend.server}: only "
                 f"{attempt.replicas_acked or 0} of {self.replicas} replicas acknowledged "
                 f"the acquisition within {REPLICA_TIMEOUT} s; released it (check "
                 "replication, or lower replicas=)"
@@ -432,7 +477,9 @@ class Lock:
     def _require(self, action: str) -> _Held:
         held = self._mine()
         if held is None:
-            raise LockError(f"cannot {action} lock {self.name!r}: this handle does not hold it")
+            raise LockError(
+                f"cannot {action} {self.kind} {self.name!r}: this handle does not hold it"
+            )
         return held
 
     def _forget(self, held: _Held) -> bool:
@@ -460,8 +507,8 @@ class Lock:
     def _release(self, held: _Held, hold: float) -> None:
         if self.reentrant and held.holder is not current_task():
             raise LockError(
-                f"cannot release lock {self.name!r}: another thread or task holds it through "
-                "this reentrant handle; the one that acquired it releases it"
+                f"cannot release {self.kind} {self.name!r}: another thread or task holds "
+                "it through this reentrant handle; the one that acquired it releases it"
             )
         held.hold_for = max(held.hold_for, hold)
         if held.count > 1 and held.lost is None:
@@ -470,11 +517,11 @@ class Lock:
         # Forget first: a release that is cancelled or fails must not leave the
         # handle believing it holds; the server's TTL frees the lock anyway.
         if not self._forget(held):
-            raise LockError(f"cannot release lock {self.name!r}: it was released already")
+            raise LockError(f"cannot release {self.kind} {self.name!r}: it was released already")
         self._stats.record((), "hold_seconds", self.clock_now() - held.granted_at)
 
         def release() -> Outcome:
-            return self._backend.release(self.name, held.owner, held.hold_for)
+            return self._server_release(held.owner, held.hold_for)
 
         # Finished even if the caller is cancelled meanwhile: a release half-sent is
         # worse than one that completes a moment after its caller left.
@@ -503,7 +550,7 @@ class Lock:
             raise held.lost
         with held.extending:
             sent_at = self.clock_now()
-            outcome = self._backend.extend(self.name, held.owner, seconds)
+            outcome = self._server_extend(held.owner, seconds)
             if outcome is Outcome.OK:
                 held.schedule.renewed(sent_at, seconds)
         if outcome is Outcome.OK:
@@ -522,10 +569,8 @@ class Lock:
     def _check(self, held: _Held) -> None:
         if held.lost is not None:
             raise held.lost
-        info = self._backend.inspect(self.name)
-        if info is None or info.owner != held.owner:
-            error = self._error(Outcome.EXPIRED if info is None else Outcome.LOST, "keep")
-            assert error is not None
+        error = self._error(self._server_standing(held.owner), "keep")
+        if error is not None:
             self._lose(held, error, notify=False)
             raise error
 
@@ -537,24 +582,27 @@ class Lock:
     def _owns(self, held: _Held) -> bool:
         if held.lost is not None or held.released:
             return False
-        info = self._backend.inspect(self.name)
-        return info is not None and info.owner == held.owner
+        return self._server_standing(held.owner) is Outcome.OK
 
     def locked(self) -> bool:
         """Whether anyone holds the lock (or keeps it closed with hold_for) right now."""
-        return self._backend.inspect(self.name) is not None
+        return self._server_busy()
 
     def _why_lost(self, held: _Held) -> LockError:
         """Expired or taken over? A lease that surely ran out is one or the other: ask."""
-        info = self._backend.inspect(self.name)
-        outcome = Outcome.LOST if info is not None and info.owner != held.owner else Outcome.EXPIRED
-        error = self._error(outcome, "keep")
+        outcome = self._server_standing(held.owner)
+        error = self._error(Outcome.EXPIRED if outcome is Outcome.OK else outcome, "keep")
         assert error is not None
         return error
 
     def _error(self, outcome: Outcome, action: str) -> LockError | None:
         return outcome_error(
-            outcome, self.name, self._backend.server, action, auto_renew=self.auto_renew
+            outcome,
+            self.name,
+            self._backend.server,
+            action,
+            auto_renew=self.auto_renew,
+            kind=self.kind,
         )
 
     # -- renewal (scheduled by the renewal worker, each renewal its own job) -------
@@ -575,7 +623,7 @@ class Lock:
             with held.extending:
                 ttl = held.schedule.ttl
                 sent_at = self.clock_now()
-                outcome = self._backend.extend(self.name, held.owner, ttl)
+                outcome = self._server_extend(held.owner, ttl)
                 if outcome is Outcome.OK and not held.released and held.lost is None:
                     held.schedule.renewed(sent_at, ttl)
         except Exception as exc:
@@ -585,10 +633,11 @@ class Lock:
             if not isinstance(exc, BackendError):
                 # Not the network: a bug somewhere. Retried like a network error (with
                 # backoff, while the lease lasts), never in a tight loop.
-                log.exception("renewing lock %r failed unexpectedly", self.name)
+                log.exception("renewing %s %r failed unexpectedly", self.kind, self.name)
             if held.schedule.failed(self.clock_now()):
                 log.warning(
-                    "renewing lock %r on %s failed (%s); retrying while its TTL lasts",
+                    "renewing %s %r on %s failed (%s); retrying while its TTL lasts",
+                    self.kind,
                     self.name,
                     self._backend.server,
                     exc,
@@ -597,8 +646,8 @@ class Lock:
             self._lose(
                 held,
                 LockLost(
-                    f"lock {self.name!r} on {self._backend.server}: could not renew it before "
-                    f"its TTL ran out ({exc}); assume another process may hold it now"
+                    f"{self.kind} {self.name!r} on {self._backend.server}: could not renew "
+                    f"it before its TTL ran out ({exc}); assume another process may hold it now"
                 ),
             )
             return
@@ -619,8 +668,9 @@ class Lock:
         self._lose(
             held,
             LockLost(
-                f"lock {self.name!r} on {self._backend.server}: the server did not answer the "
-                "renewal before the lock's TTL ran out; assume another process may hold it now"
+                f"{self.kind} {self.name!r} on {self._backend.server}: the server did "
+                f"not answer the renewal before the {self.kind}'s TTL ran out; assume "
+                "another process may hold it now"
             ),
         )
 
@@ -650,7 +700,7 @@ class Lock:
         try:
             call_maybe_async(self.on_lost, self)
         except Exception:
-            log.exception("on_lost callback of lock %r raised", self.name)
+            log.exception("on_lost callback of %s %r raised", self.kind, self.name)
 
     # -- context manager --------------------------------------------------------
 
@@ -693,20 +743,11 @@ class Lock:
     def _timeout_error(self) -> LockTimeout:
         """What the caller of `with store.lock(...)` needs when it timed out: who holds it."""
         try:
-            info: LockInfo | None = self._backend.inspect(self.name)
+            state, info = self._busy_state()
         except BackendError:
-            info = None
-        where = f"lock {self.name!r} on {self._backend.server}"
+            state, info = "the server could not say who holds it", None
+        where = f"{self.kind} {self.name!r} on {self._backend.server}"
         waited = f"was not acquired within {self.wait:g} s" if self.wait else "is busy"
-        if info is None:
-            state = "nobody holds it now (it was freed as the wait ran out); retry"
-        elif info.owner is None:
-            state = (
-                f"it is kept closed, with no owner, for {info.ttl:.1f} s more "
-                "(release(hold_for=...))"
-            )
-        else:
-            state = f"held by {info.owner} (token {info.token}, {info.ttl:.1f} s left)"
         hint = ""
         if self._backend.capabilities.cross_process:
             hint = (
@@ -720,6 +761,13 @@ class Lock:
             ttl=None if info is None else info.ttl,
             server=self._backend.server,
         )
+
+    def _busy_state(self) -> tuple[str, LockInfo | None]:
+        """Who keeps it busy, in words, and the holder a `LockTimeout` describes."""
+        info = self._backend.inspect(self.name)
+        if info is None:
+            return "nobody holds it now (it was freed as the wait ran out); retry", None
+        return describe_holder(info), info
 
     def __exit__(
         self,
@@ -784,7 +832,9 @@ class Acquisition:
 
     def _current(self, action: str) -> _Held:
         if self.lock._mine() is not self._held:
-            raise LockError(f"cannot {action} lock {self.name!r}: this acquisition was released")
+            raise LockError(
+                f"cannot {action} {self.lock.kind} {self.name!r}: this acquisition was released"
+            )
         return self._held
 
     def extend(self, ttl: float | None = None) -> None:

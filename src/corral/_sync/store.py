@@ -12,15 +12,16 @@ from urllib.parse import urlencode
 
 from corral._sync.backends.base import Backend
 from corral._sync.lock import Acquisition, Lock
+from corral._sync.semaphore import Semaphore
 from corral.backends.registry import default_url, redact, resolve
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock, SystemClock
-from corral.core.primitives import LockInfo
+from corral.core.primitives import LockInfo, SemaphoreInfo
 from corral.core.stats import StoreStats
-from corral.core.validate import check_name, check_ttl, check_wait
+from corral.core.validate import check_limit, check_name, check_ttl, check_wait
 from corral.errors import ConfigError
 
-__all__ = ["Acquisition", "Store", "connect"]
+__all__ = ["Acquisition", "Semaphore", "Store", "connect"]
 
 
 class Store:
@@ -86,6 +87,54 @@ class Store:
             fair=bool(fair),
             replicas=replicas,
         )
+
+    def semaphore(
+        self,
+        name: str,
+        limit: int,
+        ttl: float = 30.0,
+        *,
+        wait: float | None = 0.0,
+        auto_renew: bool = False,
+        on_lost: Callable[[Lock], Any] | None = None,
+        fair: bool = False,
+    ) -> Semaphore:
+        """A handle on one slot of the semaphore `name` of `limit` slots; see docs/semaphores.md.
+
+        Nothing is sent to the server until it is acquired. Every process must
+        give one name the same `limit`.
+        """
+        check_name(name, "semaphore name")
+        slots = check_limit(limit)
+        seconds = check_ttl(ttl)
+        wait_seconds = check_wait(wait)
+        if on_lost is not None and not callable(on_lost):
+            raise ConfigError(f"on_lost must be callable, got {on_lost!r}")
+        if not self.capabilities.semaphores:
+            raise self.backend.no_semaphores_error()
+        if fair and not self.capabilities.fair:
+            raise ConfigError(f"{self.server} does not support fair=True semaphores")
+        return Semaphore(
+            self,
+            name,
+            slots,
+            seconds,
+            wait=wait_seconds,
+            auto_renew=bool(auto_renew),
+            on_lost=on_lost,
+            fair=bool(fair),
+        )
+
+    def semaphore_info(self, name: str) -> SemaphoreInfo | None:
+        """The semaphore's limit and its holders (owner, token, seconds left), or None if free."""
+        return self.backend.sem_inspect(check_name(name, "semaphore name"))
+
+    def force_release_semaphore(self, name: str) -> int:
+        """Free every slot of `name` whoever holds them; how many were taken.
+
+        The holders find out at their next renewal or check.
+        """
+        return self.backend.sem_force_release(check_name(name, "semaphore name"))
 
     def stats(self) -> dict[str, Any]:
         """What this store's locks did so far: counters and wait/hold-time histograms.

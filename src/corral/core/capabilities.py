@@ -44,3 +44,6 @@ class Capabilities:
     """Where the fencing tokens come from, and what (if anything) could break their order."""
     state_per_name: str = ""
     """What stays on the server for a lock name once it is released and expired."""
+    semaphores: str = ""
+    """How a semaphore's slots are kept, in one phrase; empty where `store.semaphore()`
+    is not available (yet) on this backend."""

@@ -178,7 +178,13 @@ class RenewalSchedule:
 
 
 def outcome_error(
-    outcome: Outcome, name: str, server: str, action: str, *, auto_renew: bool = False
+    outcome: Outcome,
+    name: str,
+    server: str,
+    action: str,
+    *,
+    auto_renew: bool = False,
+    kind: str = "lock",
 ) -> LockError | None:
     """The error a caller sees for a release or extend that found the lock not theirs.
 
@@ -195,14 +201,19 @@ def outcome_error(
         )
     else:
         advice = "use a longer ttl or auto_renew=True"
+    if kind == "lock":
+        expired, lost = "nobody holds it now", "another owner holds it now"
+    else:
+        expired = "a slot is free now"
+        lost = "every slot is taken by other owners now"
     if outcome is Outcome.EXPIRED:
         return LockExpired(
-            f"cannot {action} lock {name!r} on {server}: its TTL ran out or it was "
-            "force-released, and nobody holds it now; work done since may have "
+            f"cannot {action} {kind} {name!r} on {server}: its TTL ran out or it was "
+            f"force-released, and {expired}; work done since may have "
             f"overlapped with another holder ({advice})"
         )
     return LockLost(
-        f"cannot {action} lock {name!r} on {server}: its TTL ran out and another "
-        "owner holds it now; stop the work and let the fencing token refuse stale "
+        f"cannot {action} {kind} {name!r} on {server}: its TTL ran out and {lost}; "
+        "stop the work and let the fencing token refuse stale "
         f"writes ({advice})"
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-__all__ = ["Attempt", "LockInfo", "Outcome"]
+__all__ = ["Attempt", "LockInfo", "Outcome", "SemaphoreInfo"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,12 +23,15 @@ class Attempt:
     instead of guessing, and `fail_fast` can give up at once.
     `replicas_acked` answers `replicas=N`: how many replicas had the
     acquisition before the attempt returned (None when not asked).
+    `limit` answers a semaphore attempt refused because the current holders
+    took their slots with another limit: theirs (None otherwise).
     """
 
     acquired: bool
     token: int | None = None
     holder_ttl: float | None = None
     replicas_acked: int | None = None
+    limit: int | None = None
 
 
 class Outcome(enum.Enum):
@@ -37,9 +40,15 @@ class Outcome(enum.Enum):
     OK = "ok"
     """The caller still owned the lock; the operation was applied."""
     EXPIRED = "expired"
-    """Nobody holds the lock now: the caller's TTL ran out or it was forced free."""
+    """Nobody holds the lock now: the caller's TTL ran out or it was forced free.
+
+    For a semaphore: the caller's slot is gone and a slot is free now.
+    """
     LOST = "lost"
-    """Another owner holds the lock now."""
+    """Another owner holds the lock now.
+
+    For a semaphore: the caller's slot is gone and every slot is taken now.
+    """
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,3 +62,21 @@ class LockInfo:
     owner: str | None
     token: int
     ttl: float
+
+
+@dataclass(frozen=True, slots=True)
+class SemaphoreInfo:
+    """What any process can see about a semaphore: its limit and who holds its slots.
+
+    `holders` are ordered by token (oldest acquisition first); a holder's
+    `owner` is None for a slot kept closed by `release(hold_for=...)`.
+    """
+
+    name: str
+    limit: int
+    holders: tuple[LockInfo, ...]
+
+    @property
+    def free(self) -> int:
+        """How many slots are free now."""
+        return max(0, self.limit - len(self.holders))

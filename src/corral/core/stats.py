@@ -121,6 +121,8 @@ class StoreStats:
 
     def __init__(self) -> None:
         self.locks = Metrics(LOCK_COUNTERS, LOCK_HISTOGRAMS)
+        # The same counts for semaphore slots (elections count as locks they are).
+        self.semaphores = Metrics(LOCK_COUNTERS, LOCK_HISTOGRAMS)
         self._mutex = ProcessLock()
         self._caches: dict[str, Metrics] = {}
 
@@ -137,5 +139,6 @@ class StoreStats:
             caches = dict(self._caches)
         return {
             "locks": self.locks.snapshot(),
+            "semaphores": self.semaphores.snapshot(),
             "caches": {name: metrics.snapshot() for name, metrics in caches.items()},
         }

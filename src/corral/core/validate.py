@@ -10,7 +10,14 @@ import math
 
 from corral.errors import ConfigError
 
-__all__ = ["check_name", "check_non_negative", "check_timeout", "check_ttl", "check_wait"]
+__all__ = [
+    "check_limit",
+    "check_name",
+    "check_non_negative",
+    "check_timeout",
+    "check_ttl",
+    "check_wait",
+]
 
 
 def check_name(name: object, what: str = "lock name") -> str:
@@ -48,6 +55,19 @@ def check_wait(wait: object, what: str = "wait") -> float | None:
     if seconds < 0:
         raise ConfigError(f"{what} must be >= 0 or None (forever), got {wait!r}")
     return None if math.isinf(seconds) else seconds
+
+
+# The most slots a semaphore may have: beyond it a "semaphore" no longer limits anything.
+MAX_LIMIT = 2**31 - 1
+
+
+def check_limit(limit: object) -> int:
+    """A semaphore's limit: an int >= 1 (a float such as 2.5 is a mistake, not a limit)."""
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise ConfigError(f"limit must be an int >= 1, not {limit!r}")
+    if limit < 1 or limit > MAX_LIMIT:
+        raise ConfigError(f"limit must be an int from 1 to {MAX_LIMIT}, got {limit!r}")
+    return limit
 
 
 def check_non_negative(value: object, what: str) -> float:

@@ -16,7 +16,7 @@ from corral._async._compat import Event
 from corral.core.capabilities import Capabilities
 from corral.core.forks import ProcessLock
 from corral.core.options import Option
-from corral.core.primitives import Attempt, LockInfo, Outcome
+from corral.core.primitives import Attempt, LockInfo, Outcome, SemaphoreInfo
 from corral.errors import BackendError, ConfigError
 
 __all__ = ["AsyncBackend", "AsyncSubscribingWaiter", "AsyncWaiter", "Feed", "LocalBus"]
@@ -187,6 +187,8 @@ class AsyncBackend(abc.ABC):
 
     def __init__(self) -> None:
         self.local_bus = LocalBus()
+        # Semaphores have names of their own: a lock and a semaphore may share one.
+        self.semaphore_bus = LocalBus()
 
     @property
     @abc.abstractmethod
@@ -237,6 +239,65 @@ class AsyncBackend(abc.ABC):
     def waiter(self, name: str) -> AsyncWaiter:
         """Subscribe to releases of `name`; see `AsyncWaiter`."""
         return AsyncWaiter(self.local_bus, name)
+
+    # -- semaphores: `limit` slots per name, each with its own owner, TTL and token --
+    #
+    # The same contract as the lock primitives above, per slot: one atomic step
+    # each, the server's clock for every TTL, tokens strictly increasing per
+    # semaphore name. A release or extend that finds the owner's slot gone
+    # answers LOST when every slot is taken now (another may have its slot),
+    # else EXPIRED. Backends that keep no semaphores leave these as they are.
+
+    def no_semaphores_error(self) -> ConfigError:
+        return ConfigError(
+            f"semaphores are not available on {self.capabilities.scheme}:// yet; "
+            "use one of the backends whose guarantees table lists them (docs/semaphores.md)"
+        )
+
+    async def sem_try_acquire(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        limit: int,
+        *,
+        queue_ttl: float | None = None,
+    ) -> Attempt:
+        """Take a free slot of `limit` with a new fencing token, in one atomic step.
+
+        Refused with `Attempt.limit` set when the current holders took their
+        slots with another limit (the limit is part of the semaphore's identity:
+        the first holder's wins until every slot is free again). A full
+        semaphore answers with `holder_ttl`, the seconds until its soonest slot
+        frees. With `queue_ttl`, as for a fair lock: the owner keeps its place in
+        the arrival queue and may take a slot only when fewer waiters are ahead
+        of it than slots are free.
+        """
+        raise self.no_semaphores_error()
+
+    async def sem_release(self, name: str, owner: str, hold_for: float = 0.0) -> Outcome:
+        """Free the owner's slot; with `hold_for`, keep that slot taken, ownerless, that long."""
+        raise self.no_semaphores_error()
+
+    async def sem_extend(self, name: str, owner: str, ttl: float) -> Outcome:
+        """Reset the TTL of the owner's slot."""
+        raise self.no_semaphores_error()
+
+    async def sem_inspect(self, name: str) -> SemaphoreInfo | None:
+        """The limit and live holders (oldest token first), or None when no slot is taken."""
+        raise self.no_semaphores_error()
+
+    async def sem_force_release(self, name: str) -> int:
+        """Free every slot whoever holds it (operators only); how many were taken."""
+        raise self.no_semaphores_error()
+
+    async def sem_leave_queue(self, name: str, owner: str) -> None:
+        """Leave a fair semaphore's queue after giving up; expiry would do it later anyway."""
+        raise self.no_semaphores_error()
+
+    def sem_waiter(self, name: str) -> AsyncWaiter:
+        """Subscribe to the slot releases of semaphore `name`; see `AsyncWaiter`."""
+        return AsyncWaiter(self.semaphore_bus, name)
 
     @abc.abstractmethod
     async def aclose(self) -> None:

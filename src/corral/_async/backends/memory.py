@@ -16,7 +16,7 @@ from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock, SystemClock
 from corral.core.forks import ProcessLock
 from corral.core.options import merge_options
-from corral.core.primitives import Attempt, LockInfo, Outcome
+from corral.core.primitives import Attempt, LockInfo, Outcome, SemaphoreInfo
 
 __all__ = ["AsyncMemoryBackend"]
 
@@ -26,6 +26,17 @@ class _Entry:
     owner: str | None
     token: int
     expires_at: float
+
+
+@dataclass(slots=True)
+class _Semaphore:
+    limit: int
+    # Slots by owner; a slot kept closed by hold_for is keyed by its token instead.
+    slots: dict[str, _Entry]
+
+
+# Which table an expiry in the heap belongs to.
+_LOCK, _SEMAPHORE = 0, 1
 
 
 class AsyncMemoryBackend(AsyncBackend):
@@ -44,6 +55,7 @@ class AsyncMemoryBackend(AsyncBackend):
         on_memory_pressure="never evicted",
         fencing_tokens="one counter for the whole store, in the process: 1, 2, 3...",
         state_per_name="nothing: expired locks and queue places are dropped as time passes",
+        semaphores="a dict of slots per name, in the process",
     )
 
     def __init__(self, *, clock: Clock | None = None, name: str = "") -> None:
@@ -56,9 +68,11 @@ class AsyncMemoryBackend(AsyncBackend):
         # used once leaves nothing behind.
         self._last_token = 0
         self._queues: dict[str, dict[str, float]] = {}
-        # (when, name): every expiry ever set, soonest first, so expired entries of
-        # names nobody looks up again are still dropped (see `_sweep`).
-        self._expiries: list[tuple[float, str]] = []
+        self._semaphores: dict[str, _Semaphore] = {}
+        self._sem_queues: dict[str, dict[str, float]] = {}
+        # (when, table, name): every expiry ever set, soonest first, so expired entries
+        # of names nobody looks up again are still dropped (see `_sweep`).
+        self._expiries: list[tuple[float, int, str]] = []
         self._live_after_rebuild = 0
 
     @classmethod
@@ -72,16 +86,24 @@ class AsyncMemoryBackend(AsyncBackend):
     def server(self) -> str:
         return f"memory://{self._name}"
 
-    def _expires(self, name: str, when: float) -> float:
-        heapq.heappush(self._expiries, (when, name))
+    def _expires(self, name: str, when: float, table: int = _LOCK) -> float:
+        heapq.heappush(self._expiries, (when, table, name))
         if len(self._expiries) > 2 * self._live_after_rebuild + 64:
             # Superseded expiries (a lock extended, released, or acquired again) would
             # otherwise pile up until their time comes: rebuild from what is live. The
             # heap has at least doubled since the last rebuild, so the cost per push
             # stays constant, however many locks and queue places there are.
-            live = [(entry.expires_at, n) for n, entry in self._locks.items()]
-            live += [(t, n) for n, queue in self._queues.items() for t in queue.values()]
-            live.append((when, name))
+            live = [(entry.expires_at, _LOCK, n) for n, entry in self._locks.items()]
+            live += [(t, _LOCK, n) for n, queue in self._queues.items() for t in queue.values()]
+            live += [
+                (entry.expires_at, _SEMAPHORE, n)
+                for n, sem in self._semaphores.items()
+                for entry in sem.slots.values()
+            ]
+            live += [
+                (t, _SEMAPHORE, n) for n, queue in self._sem_queues.items() for t in queue.values()
+            ]
+            live.append((when, table, name))
             heapq.heapify(live)
             self._expiries = live
             self._live_after_rebuild = len(live)
@@ -95,9 +117,13 @@ class AsyncMemoryBackend(AsyncBackend):
         pushed is found live and kept; its newer expiry is in the heap too.
         """
         while self._expiries and self._expiries[0][0] <= now:
-            _, name = heapq.heappop(self._expiries)
-            self._live(name, now)
-            self._queue_head(name, now)
+            _, table, name = heapq.heappop(self._expiries)
+            if table == _LOCK:
+                self._live(name, now)
+                self._queue_head(name, now)
+            else:
+                self._live_slots(name, now)
+                self._queue_places(self._sem_queues, name, now)
 
     def _live(self, name: str, now: float) -> _Entry | None:
         entry = self._locks.get(name)
@@ -108,23 +134,34 @@ class AsyncMemoryBackend(AsyncBackend):
 
     def _queue_head(self, name: str, now: float) -> str | None:
         """The first live waiter in the queue of `name`, after dropping expired places."""
-        queue = self._queues.get(name)
+        queue = self._queue_places(self._queues, name, now)
+        return None if queue is None else next(iter(queue))
+
+    @staticmethod
+    def _queue_places(
+        queues: dict[str, dict[str, float]], name: str, now: float
+    ) -> dict[str, float] | None:
+        """The live places of the queue of `name`, in arrival order, or None when empty."""
+        queue = queues.get(name)
         if queue is None:
             return None
         for waiter, expires_at in list(queue.items()):
             if expires_at <= now:
                 del queue[waiter]
         if not queue:
-            del self._queues[name]
+            del queues[name]
             return None
-        return next(iter(queue))
+        return queue
 
-    def _leave(self, name: str, owner: str) -> None:
-        queue = self._queues.get(name)
+    def _leave(
+        self, name: str, owner: str, queues: dict[str, dict[str, float]] | None = None
+    ) -> None:
+        queues = self._queues if queues is None else queues
+        queue = queues.get(name)
         if queue is not None:
             queue.pop(owner, None)
             if not queue:
-                del self._queues[name]
+                del queues[name]
 
     async def try_acquire(
         self,
@@ -204,6 +241,113 @@ class AsyncMemoryBackend(AsyncBackend):
             self._leave(name, owner)
         if was_head:
             self.local_bus.notify(name)
+
+    # -- semaphores ---------------------------------------------------------------
+
+    def _live_slots(self, name: str, now: float) -> _Semaphore | None:
+        sem = self._semaphores.get(name)
+        if sem is None:
+            return None
+        for key, entry in list(sem.slots.items()):
+            if entry.expires_at <= now:
+                del sem.slots[key]
+        if not sem.slots:
+            del self._semaphores[name]
+            return None
+        return sem
+
+    def _slot_gone(self, sem: _Semaphore | None) -> Outcome:
+        return Outcome.LOST if sem is not None and len(sem.slots) >= sem.limit else Outcome.EXPIRED
+
+    async def sem_try_acquire(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        limit: int,
+        *,
+        queue_ttl: float | None = None,
+    ) -> Attempt:
+        with self._mutex:
+            now = self._clock.now()
+            self._sweep(now)
+            sem = self._live_slots(name, now)
+            if sem is not None and sem.limit != limit:
+                return Attempt(False, limit=sem.limit)
+            if queue_ttl is not None:
+                places = self._sem_queues.setdefault(name, {})
+                places[owner] = self._expires(name, now + queue_ttl, _SEMAPHORE)
+            taken = 0 if sem is None else len(sem.slots)
+            if taken >= limit:
+                assert sem is not None
+                soonest = min(entry.expires_at for entry in sem.slots.values())
+                return Attempt(False, holder_ttl=soonest - now)
+            queue = self._queue_places(self._sem_queues, name, now)
+            if queue is not None and owner not in list(queue)[: limit - taken]:
+                return Attempt(False, holder_ttl=None)  # waiters ahead take the free slots
+            if sem is None:
+                sem = self._semaphores[name] = _Semaphore(limit, {})
+            self._last_token += 1
+            expires_at = self._expires(name, now + ttl, _SEMAPHORE)
+            sem.slots[owner] = _Entry(owner, self._last_token, expires_at)
+            self._leave(name, owner, self._sem_queues)
+            return Attempt(True, token=self._last_token)
+
+    async def sem_release(self, name: str, owner: str, hold_for: float = 0.0) -> Outcome:
+        with self._mutex:
+            now = self._clock.now()
+            sem = self._live_slots(name, now)
+            entry = None if sem is None else sem.slots.get(owner)
+            if sem is None or entry is None:
+                return self._slot_gone(sem)
+            del sem.slots[owner]
+            if hold_for > 0:
+                entry.owner = None
+                entry.expires_at = self._expires(name, now + hold_for, _SEMAPHORE)
+                sem.slots[f"\0held:{entry.token}"] = entry
+            elif not sem.slots:
+                del self._semaphores[name]
+        if hold_for <= 0:
+            self.semaphore_bus.notify(name)
+        return Outcome.OK
+
+    async def sem_extend(self, name: str, owner: str, ttl: float) -> Outcome:
+        with self._mutex:
+            now = self._clock.now()
+            sem = self._live_slots(name, now)
+            entry = None if sem is None else sem.slots.get(owner)
+            if entry is None:
+                return self._slot_gone(sem)
+            entry.expires_at = self._expires(name, now + ttl, _SEMAPHORE)
+            return Outcome.OK
+
+    async def sem_inspect(self, name: str) -> SemaphoreInfo | None:
+        with self._mutex:
+            now = self._clock.now()
+            sem = self._live_slots(name, now)
+            if sem is None:
+                return None
+            holders = sorted(sem.slots.values(), key=lambda entry: entry.token)
+            return SemaphoreInfo(
+                name,
+                sem.limit,
+                tuple(LockInfo(name, e.owner, e.token, e.expires_at - now) for e in holders),
+            )
+
+    async def sem_force_release(self, name: str) -> int:
+        with self._mutex:
+            sem = self._live_slots(name, self._clock.now())
+            if sem is not None:
+                del self._semaphores[name]
+        if sem is not None:
+            self.semaphore_bus.notify(name)
+        return 0 if sem is None else len(sem.slots)
+
+    async def sem_leave_queue(self, name: str, owner: str) -> None:
+        with self._mutex:
+            self._leave(name, owner, self._sem_queues)
+        # A waiter behind this one may now be among those a free slot lets in.
+        self.semaphore_bus.notify(name)
 
     async def aclose(self) -> None:
         return None

@@ -1,0 +1,132 @@
+# Generated from src/corral/_async/semaphore.py by scripts/unasync.py: do not edit.
+# Edit the asyncio flavour and run `python scripts/unasync.py`.
+"""The distributed semaphore: up to `limit` holders at once, each with its own slot.
+
+A semaphore handle is a lock handle whose acquisition is one slot: the same
+waiting, renewal, cancellation and ownership rules (see `corral._sync.lock`),
+over the backend's slot primitives instead of its lock ones. One handle holds
+at most one slot at a time; processes, threads or tasks that each want a slot
+each make their own handle (a handle shared between them excludes them as a
+lock handle does).
+
+The limit is part of the semaphore's identity: the first holder's limit holds
+until every slot is free again, and a handle that disagrees gets a
+`ConfigError` from `acquire`, never an extra slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from corral._sync.backends.base import Waiter
+from corral._sync.lock import Lock, describe_holder
+from corral.core.primitives import Attempt, LockInfo, Outcome, SemaphoreInfo
+from corral.errors import ConfigError
+
+if TYPE_CHECKING:
+    from corral._sync.store import Store
+    from corral.core.stats import Metrics
+
+__all__ = ["Semaphore"]
+
+
+class Semaphore(Lock):
+    """A named semaphore of `limit` slots, each with a TTL, a fencing token and an owner.
+
+    Created by `Store.semaphore()`; docs/semaphores.md describes it.
+    `with semaphore as slot:` gives the `Acquisition` of the slot
+    this block holds (its `token` and `owner`).
+    """
+
+    kind = "semaphore"
+
+    def __init__(
+        self,
+        store: Store,
+        name: str,
+        limit: int,
+        ttl: float,
+        *,
+        wait: float | None,
+        auto_renew: bool,
+        on_lost: Callable[[Lock], Any] | None,
+        fair: bool,
+    ) -> None:
+        super().__init__(
+            store,
+            name,
+            ttl,
+            wait=wait,
+            auto_renew=auto_renew,
+            reentrant=False,
+            on_lost=on_lost,
+            fair=fair,
+            replicas=0,
+        )
+        self.limit = limit
+
+    def __repr__(self) -> str:
+        state = "holding a slot" if self.held else "holding no slot"
+        return (
+            f"<{type(self).__name__} {self.name!r} limit={self.limit} ttl={self.ttl} "
+            f"{state} on {self._backend.server}>"
+        )
+
+    def _metrics(self, store: Store) -> Metrics:
+        return store.metrics.semaphores
+
+    def _server_attempt(self, owner: str, queue_ttl: float | None) -> Attempt:
+        attempt = self._backend.sem_try_acquire(
+            self.name, owner, self.ttl, self.limit, queue_ttl=queue_ttl
+        )
+        if attempt.limit is not None and not attempt.acquired:
+            raise ConfigError(
+                f"semaphore {self.name!r} on {self._backend.server} is held with "
+                f"limit={attempt.limit}, and this handle asks for limit={self.limit}: every "
+                "process must use the same limit for one name (a new limit applies once "
+                "every slot is free)"
+            )
+        return attempt
+
+    def _server_release(self, owner: str, hold_for: float = 0.0) -> Outcome:
+        return self._backend.sem_release(self.name, owner, hold_for)
+
+    def _server_extend(self, owner: str, ttl: float) -> Outcome:
+        return self._backend.sem_extend(self.name, owner, ttl)
+
+    def _server_standing(self, owner: str) -> Outcome:
+        info = self._backend.sem_inspect(self.name)
+        if info is None:
+            return Outcome.EXPIRED
+        if any(holder.owner == owner for holder in info.holders):
+            return Outcome.OK
+        return Outcome.LOST if info.free == 0 else Outcome.EXPIRED
+
+    def _server_busy(self) -> bool:
+        info = self._backend.sem_inspect(self.name)
+        return info is not None and info.free == 0
+
+    def _server_leave_queue(self, owner: str) -> None:
+        self._backend.sem_leave_queue(self.name, owner)
+
+    def _server_waiter(self) -> Waiter:
+        return self._backend.sem_waiter(self.name)
+
+    def locked(self) -> bool:
+        """Whether every slot is taken (or kept closed with hold_for) right now."""
+        return self._server_busy()
+
+    def holders(self) -> SemaphoreInfo | None:
+        """The limit and the current holders, as `store.semaphore_info` gives them."""
+        return self._backend.sem_inspect(self.name)
+
+    def _busy_state(self) -> tuple[str, LockInfo | None]:
+        info = self._backend.sem_inspect(self.name)
+        if info is None or info.free:
+            return "a slot is free now (it was freed as the wait ran out); retry", None
+        soonest = min(info.holders, key=lambda holder: holder.ttl)
+        return (
+            f"all {info.limit} slots are taken; the first to free is {describe_holder(soonest)}",
+            soonest,
+        )
