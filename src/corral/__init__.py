@@ -2,6 +2,7 @@
 
 import logging
 
+from corral._sync.election import Election
 from corral._sync.lock import Acquisition, Lock
 from corral._sync.semaphore import Semaphore
 from corral._sync.store import Store, connect
@@ -33,6 +34,7 @@ __all__ = [
     "Capabilities",
     "ConfigError",
     "CorralError",
+    "Election",
     "Lock",
     "LockError",
     "LockExpired",

@@ -16,12 +16,14 @@ from corral import (
     SourceUnavailable,
     __version__,
 )
+from corral._async.election import AsyncElection
 from corral._async.lock import AsyncAcquisition, AsyncLock
 from corral._async.semaphore import AsyncSemaphore
 from corral._async.store import AsyncStore, connect
 
 __all__ = [
     "AsyncAcquisition",
+    "AsyncElection",
     "AsyncLock",
     "AsyncSemaphore",
     "AsyncStore",

@@ -142,6 +142,8 @@ class AsyncLock:
         self._backend = store.backend
         self._stats = self._metrics(store)
         self.name = name
+        self.shown_name = name
+        """The name messages show (an election's lock has a prefixed name of its own)."""
         self.ttl = ttl
         self.wait = wait
         self.auto_renew = auto_renew
@@ -197,10 +199,14 @@ class AsyncLock:
     def _server_waiter(self) -> AsyncWaiter:
         return self._backend.waiter(self.name)
 
+    def _new_owner(self) -> str:
+        """A fresh owner id for one acquisition: unique, and readable by whoever inspects it."""
+        return make_owner(current_task_label())
+
     def __repr__(self) -> str:
         state = "held" if self.held else "not held"
         where = self._backend.server
-        return f"<{type(self).__name__} {self.name!r} ttl={self.ttl} {state} on {where}>"
+        return f"<{type(self).__name__} {self.shown_name!r} ttl={self.ttl} {state} on {where}>"
 
     # -- what the handle knows without asking the server -------------------------
 
@@ -292,7 +298,7 @@ class AsyncLock:
             raise error
         if not self.reentrant:
             raise LockError(
-                f"{self.kind} {self.name!r}: this thread or task already holds it through "
+                f"{self.kind} {self.shown_name!r}: this thread or task already holds it through "
                 "this handle, so waiting for it would wait forever; pass reentrant=True to "
                 "let the holder enter again (other threads and tasks still wait their turn)"
             )
@@ -302,7 +308,7 @@ class AsyncLock:
     async def _acquire_on_server(
         self, me: object, seconds: float | None, fail_fast: bool, started: float
     ) -> bool:
-        owner = make_owner(current_task_label())
+        owner = self._new_owner()
         queue_ttl = FAIR_QUEUE_TTL if self.fair else None
         sent_at = first_sent = self.clock_now()
         attempt = await self._attempt(owner, queue_ttl)
@@ -397,7 +403,10 @@ class AsyncLock:
             await shield(self._server_release(owner))
         except BaseException:
             log.debug(
-                "could not take back an acquisition of %s %r", self.kind, self.name, exc_info=True
+                "could not take back an acquisition of %s %r",
+                self.kind,
+                self.shown_name,
+                exc_info=True,
             )
 
     async def _leave_queue(self, owner: str, *, queued: bool) -> None:
@@ -406,7 +415,9 @@ class AsyncLock:
         try:
             await self._server_leave_queue(owner)
         except BaseException:
-            log.debug("could not leave the queue of %s %r", self.kind, self.name, exc_info=True)
+            log.debug(
+                "could not leave the queue of %s %r", self.kind, self.shown_name, exc_info=True
+            )
 
     async def _took(
         self,
@@ -461,7 +472,7 @@ class AsyncLock:
         if self.replicas and (attempt.replicas_acked or 0) < self.replicas:
             await shield(self._server_release(owner))
             raise BackendUnavailable(
-                f"{self.kind} {self.name!r} on {self._backend.server}: only "
+                f"{self.kind} {self.shown_name!r} on {self._backend.server}: only "
                 f"{attempt.replicas_acked or 0} of {self.replicas} replicas acknowledged "
                 f"the acquisition within {REPLICA_TIMEOUT} s; released it (check "
                 "replication, or lower replicas=)"
@@ -476,13 +487,23 @@ class AsyncLock:
             renewer().register(self)
         return True
 
+    def set_aside_lost(self) -> None:
+        """Drop an acquisition that is over (known lost, or its lease surely ran out).
+
+        For callers that start afresh on purpose (an election campaigning for a
+        new term); `acquire()` itself refuses to paper over a loss.
+        """
+        held = self._mine()
+        if held is not None and not self._alive(held):
+            self._forget(held)
+
     # -- release, extend, check -------------------------------------------------
 
     def _require(self, action: str) -> _Held:
         held = self._mine()
         if held is None:
             raise LockError(
-                f"cannot {action} {self.kind} {self.name!r}: this handle does not hold it"
+                f"cannot {action} {self.kind} {self.shown_name!r}: this handle does not hold it"
             )
         return held
 
@@ -511,7 +532,7 @@ class AsyncLock:
     async def _release(self, held: _Held, hold: float) -> None:
         if self.reentrant and held.holder is not current_task():
             raise LockError(
-                f"cannot release {self.kind} {self.name!r}: another thread or task holds "
+                f"cannot release {self.kind} {self.shown_name!r}: another thread or task holds "
                 "it through this reentrant handle; the one that acquired it releases it"
             )
         held.hold_for = max(held.hold_for, hold)
@@ -521,7 +542,9 @@ class AsyncLock:
         # Forget first: a release that is cancelled or fails must not leave the
         # handle believing it holds; the server's TTL frees the lock anyway.
         if not self._forget(held):
-            raise LockError(f"cannot release {self.kind} {self.name!r}: it was released already")
+            raise LockError(
+                f"cannot release {self.kind} {self.shown_name!r}: it was released already"
+            )
         self._stats.record((), "hold_seconds", self.clock_now() - held.granted_at)
 
         async def release() -> Outcome:
@@ -602,7 +625,7 @@ class AsyncLock:
     def _error(self, outcome: Outcome, action: str) -> LockError | None:
         return outcome_error(
             outcome,
-            self.name,
+            self.shown_name,
             self._backend.server,
             action,
             auto_renew=self.auto_renew,
@@ -637,12 +660,12 @@ class AsyncLock:
             if not isinstance(exc, BackendError):
                 # Not the network: a bug somewhere. Retried like a network error (with
                 # backoff, while the lease lasts), never in a tight loop.
-                log.exception("renewing %s %r failed unexpectedly", self.kind, self.name)
+                log.exception("renewing %s %r failed unexpectedly", self.kind, self.shown_name)
             if held.schedule.failed(self.clock_now()):
                 log.warning(
                     "renewing %s %r on %s failed (%s); retrying while its TTL lasts",
                     self.kind,
-                    self.name,
+                    self.shown_name,
                     self._backend.server,
                     exc,
                 )
@@ -650,7 +673,7 @@ class AsyncLock:
             self._lose(
                 held,
                 LockLost(
-                    f"{self.kind} {self.name!r} on {self._backend.server}: could not renew "
+                    f"{self.kind} {self.shown_name!r} on {self._backend.server}: could not renew "
                     f"it before its TTL ran out ({exc}); assume another process may hold it now"
                 ),
             )
@@ -672,7 +695,7 @@ class AsyncLock:
         self._lose(
             held,
             LockLost(
-                f"{self.kind} {self.name!r} on {self._backend.server}: the server did "
+                f"{self.kind} {self.shown_name!r} on {self._backend.server}: the server did "
                 f"not answer the renewal before the {self.kind}'s TTL ran out; assume "
                 "another process may hold it now"
             ),
@@ -704,7 +727,7 @@ class AsyncLock:
         try:
             await call_maybe_async(self.on_lost, self)
         except Exception:
-            log.exception("on_lost callback of %s %r raised", self.kind, self.name)
+            log.exception("on_lost callback of %s %r raised", self.kind, self.shown_name)
 
     # -- context manager --------------------------------------------------------
 
@@ -750,12 +773,12 @@ class AsyncLock:
             state, info = await self._busy_state()
         except BackendError:
             state, info = "the server could not say who holds it", None
-        where = f"{self.kind} {self.name!r} on {self._backend.server}"
+        where = f"{self.kind} {self.shown_name!r} on {self._backend.server}"
         waited = f"was not acquired within {self.wait:g} s" if self.wait else "is busy"
         hint = ""
         if self._backend.capabilities.cross_process:
             hint = (
-                f"; see `corral status {shlex.quote(self.name)} "
+                f"; see `corral status {shlex.quote(self.shown_name)} "
                 f"--url {shlex.quote(self._store.url)}`"
             )
         return LockTimeout(
@@ -837,7 +860,8 @@ class AsyncAcquisition:
     def _current(self, action: str) -> _Held:
         if self.lock._mine() is not self._held:
             raise LockError(
-                f"cannot {action} {self.lock.kind} {self.name!r}: this acquisition was released"
+                f"cannot {action} {self.lock.kind} {self.lock.shown_name!r}: "
+                "this acquisition was released"
             )
         return self._held
 

@@ -9,17 +9,19 @@ from typing import Any
 from urllib.parse import urlencode
 
 from corral._async.backends.base import AsyncBackend
+from corral._async.election import AsyncElection
 from corral._async.lock import AsyncAcquisition, AsyncLock
 from corral._async.semaphore import AsyncSemaphore
 from corral.backends.registry import default_url, redact, resolve
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock, SystemClock
+from corral.core.election import default_identity
 from corral.core.primitives import LockInfo, SemaphoreInfo
 from corral.core.stats import StoreStats
 from corral.core.validate import check_limit, check_name, check_ttl, check_wait
 from corral.errors import ConfigError
 
-__all__ = ["AsyncAcquisition", "AsyncSemaphore", "AsyncStore", "connect"]
+__all__ = ["AsyncAcquisition", "AsyncElection", "AsyncSemaphore", "AsyncStore", "connect"]
 
 
 class AsyncStore:
@@ -133,6 +135,32 @@ class AsyncStore:
         The holders find out at their next renewal or check.
         """
         return await self.backend.sem_force_release(check_name(name, "semaphore name"))
+
+    def election(
+        self,
+        name: str,
+        ttl: float = 10.0,
+        identity: str | None = None,
+        *,
+        on_lost: Callable[[AsyncElection], Any] | None = None,
+    ) -> AsyncElection:
+        """A campaigner in the election `name`; see docs/elections.md.
+
+        `identity` is what `leader()` answers in every process while this one
+        leads (default: host:pid). After a leader dies, another leads within
+        `ttl` (plus the backend's declared slack).
+        """
+        check_name(name, "election name")
+        seconds = check_ttl(ttl)
+        if identity is None:
+            identity = default_identity()
+        elif not isinstance(identity, str):
+            raise TypeError(f"identity must be str, not {type(identity).__name__}")
+        elif not identity:
+            raise ConfigError("identity must not be empty")
+        if on_lost is not None and not callable(on_lost):
+            raise ConfigError(f"on_lost must be callable, got {on_lost!r}")
+        return AsyncElection(self, name, seconds, identity, on_lost=on_lost)
 
     def stats(self) -> dict[str, Any]:
         """What this store's locks did so far: counters and wait/hold-time histograms.

@@ -11,17 +11,19 @@ from typing import Any
 from urllib.parse import urlencode
 
 from corral._sync.backends.base import Backend
+from corral._sync.election import Election
 from corral._sync.lock import Acquisition, Lock
 from corral._sync.semaphore import Semaphore
 from corral.backends.registry import default_url, redact, resolve
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock, SystemClock
+from corral.core.election import default_identity
 from corral.core.primitives import LockInfo, SemaphoreInfo
 from corral.core.stats import StoreStats
 from corral.core.validate import check_limit, check_name, check_ttl, check_wait
 from corral.errors import ConfigError
 
-__all__ = ["Acquisition", "Semaphore", "Store", "connect"]
+__all__ = ["Acquisition", "Election", "Semaphore", "Store", "connect"]
 
 
 class Store:
@@ -135,6 +137,32 @@ class Store:
         The holders find out at their next renewal or check.
         """
         return self.backend.sem_force_release(check_name(name, "semaphore name"))
+
+    def election(
+        self,
+        name: str,
+        ttl: float = 10.0,
+        identity: str | None = None,
+        *,
+        on_lost: Callable[[Election], Any] | None = None,
+    ) -> Election:
+        """A campaigner in the election `name`; see docs/elections.md.
+
+        `identity` is what `leader()` answers in every process while this one
+        leads (default: host:pid). After a leader dies, another leads within
+        `ttl` (plus the backend's declared slack).
+        """
+        check_name(name, "election name")
+        seconds = check_ttl(ttl)
+        if identity is None:
+            identity = default_identity()
+        elif not isinstance(identity, str):
+            raise TypeError(f"identity must be str, not {type(identity).__name__}")
+        elif not identity:
+            raise ConfigError("identity must not be empty")
+        if on_lost is not None and not callable(on_lost):
+            raise ConfigError(f"on_lost must be callable, got {on_lost!r}")
+        return Election(self, name, seconds, identity, on_lost=on_lost)
 
     def stats(self) -> dict[str, Any]:
         """What this store's locks did so far: counters and wait/hold-time histograms.
