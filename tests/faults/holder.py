@@ -1,11 +1,17 @@
 """A lock holder in its own process, for fault tests that kill, stop and race it.
 
     python -m tests.faults.holder URL NAME MODE [--ttl S] [--flavour sync|async] [--cycles N]
+                                                [--limit N] [--hold S] [--identity ID]
 
 Modes: `hold` acquires, prints its token and sleeps until killed; `stdin`
 acquires, prints its token, waits for a line on stdin, then reports what
 extend() and release() raised; `worker` runs acquire/hold/release cycles and
 prints one JSON line per cycle (start, end, token) on the shared monotonic clock.
+With `--limit N` the handle is a slot of a semaphore of N instead of a lock.
+
+`campaign` runs for election NAME as `--identity`: it prints {"elected": ...}
+with its term when it leads, then answers each line on stdin with who it sees
+leading ({"leader": ..., "me": is_leader}) until stdin closes.
 """
 
 from __future__ import annotations
@@ -35,13 +41,20 @@ def outcome(call: object) -> str:
 
 def run_sync(args: argparse.Namespace) -> None:
     store = corral.connect(args.url)
-    lock = store.lock(args.name, ttl=args.ttl)
+    if args.mode == "campaign":
+        campaign_sync(store, args)
+        return
+    lock: corral.Lock = (
+        store.lock(args.name, ttl=args.ttl)
+        if args.limit is None
+        else store.semaphore(args.name, args.limit, ttl=args.ttl)
+    )
     if args.mode == "worker":
         rng = random.Random()
         for _ in range(args.cycles):
             assert lock.acquire(wait=120), "could not acquire within 120 s"
             start = time.monotonic()
-            time.sleep(rng.uniform(0, 0.004))
+            time.sleep(rng.uniform(0, args.hold))
             end = time.monotonic()
             emit(start=start, end=end, token=lock.token)
             lock.release()
@@ -54,15 +67,39 @@ def run_sync(args: argparse.Namespace) -> None:
     emit(extend=outcome(lock.extend), release=outcome(lock.release))
 
 
+def campaign_sync(store: corral.Store, args: argparse.Namespace) -> None:
+    election = store.election(args.name, ttl=args.ttl, identity=args.identity)
+    assert election.campaign(wait=None)
+    emit(elected=args.identity, term=election.term, at=time.monotonic())
+    for _ in sys.stdin:
+        emit(leader=election.leader(), me=election.is_leader)
+
+
+async def campaign_async(store: corral.aio.AsyncStore, args: argparse.Namespace) -> None:
+    election = store.election(args.name, ttl=args.ttl, identity=args.identity)
+    assert await election.campaign(wait=None)
+    emit(elected=args.identity, term=election.term, at=time.monotonic())
+    loop = asyncio.get_running_loop()
+    while await loop.run_in_executor(None, sys.stdin.readline):
+        emit(leader=await election.leader(), me=election.is_leader)
+
+
 async def run_async(args: argparse.Namespace) -> None:
     store = corral.aio.connect(args.url)
-    lock = store.lock(args.name, ttl=args.ttl)
+    if args.mode == "campaign":
+        await campaign_async(store, args)
+        return
+    lock: corral.aio.AsyncLock = (
+        store.lock(args.name, ttl=args.ttl)
+        if args.limit is None
+        else store.semaphore(args.name, args.limit, ttl=args.ttl)
+    )
     if args.mode == "worker":
         rng = random.Random()
         for _ in range(args.cycles):
             assert await lock.acquire(wait=120), "could not acquire within 120 s"
             start = time.monotonic()
-            await asyncio.sleep(rng.uniform(0, 0.004))
+            await asyncio.sleep(rng.uniform(0, args.hold))
             end = time.monotonic()
             emit(start=start, end=end, token=lock.token)
             await lock.release()
@@ -88,10 +125,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("url")
     parser.add_argument("name")
-    parser.add_argument("mode", choices=["hold", "stdin", "worker"])
+    parser.add_argument("mode", choices=["hold", "stdin", "worker", "campaign"])
     parser.add_argument("--ttl", type=float, default=30.0)
     parser.add_argument("--flavour", choices=["sync", "async"], default="sync")
     parser.add_argument("--cycles", type=int, default=20)
+    parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--hold", type=float, default=0.004, help="longest hold of a worker")
+    parser.add_argument("--identity", default="candidate")
     args = parser.parse_args()
     if args.flavour == "sync":
         run_sync(args)
