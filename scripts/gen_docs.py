@@ -24,7 +24,12 @@ from corral.backends.registry import BACKENDS  # noqa: E402
 from corral.core.capabilities import Capabilities  # noqa: E402
 from corral.core.options import Option  # noqa: E402
 
-DOCS = [ROOT / "docs/locks.md", ROOT / "docs/connect.md"]
+DOCS = [
+    ROOT / "docs/locks.md",
+    ROOT / "docs/connect.md",
+    ROOT / "docs/semaphores.md",
+    ROOT / "docs/elections.md",
+]
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,38 @@ def tokens_table(declarations: list[Declared]) -> str:
     return "\n".join(rows)
 
 
+def semaphores_table(declarations: list[Declared]) -> str:
+    rows = [
+        "| backend | semaphores | slots kept as | waiters woken by | `fair=True` |",
+        "|---|---|---|---|---|",
+    ]
+    for d in declarations:
+        c = d.capabilities
+        kept = c.semaphores or "not available yet"
+        wake = "the release (pushed)" if c.notifies else "polling, capped jittered backoff"
+        rows.append(
+            f"| `{c.scheme}://` | {yes(bool(c.semaphores))} | {kept} | {wake} | {yes(c.fair)} |"
+        )
+    return "\n".join(rows)
+
+
+def elections_table(declarations: list[Declared]) -> str:
+    rows = [
+        "| backend | across hosts | linearizable | a dead leader is replaced within "
+        "| followers hear a resignation |",
+        "|---|---|---|---|---|",
+    ]
+    for d in declarations:
+        c = d.capabilities
+        within = f"`ttl` + {c.ttl_slack:g} s" if c.ttl_slack else "`ttl`"
+        heard = "at once (pushed)" if c.notifies else "at the next poll (at most 1 s)"
+        rows.append(
+            f"| `{c.scheme}://` | {yes(c.cross_host)} | {yes(c.linearizable)} | {within} "
+            f"| {heard} |"
+        )
+    return "\n".join(rows)
+
+
 def options_table(declarations: list[Declared]) -> str:
     rows = ["| backend | option | default | what it does |", "|---|---|---|---|"]
     for d in declarations:
@@ -112,6 +149,8 @@ TABLES = {
     "failures": failures_table,
     "tokens": tokens_table,
     "options": options_table,
+    "semaphores": semaphores_table,
+    "elections": elections_table,
 }
 
 

@@ -42,6 +42,12 @@ def compact_one_batch(fencing_token: int) -> bool:
     raise NotImplementedError
 
 
+def schedule_jobs(term: int) -> None: ...
+
+
+async def schedule_jobs_async(term: int) -> None: ...
+
+
 class Database:
     def user_initialised(self, user_id: int) -> bool:
         raise NotImplementedError
@@ -100,11 +106,16 @@ def namespace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[
     async def build_report_async(fencing_token: int) -> None:
         reports.append(fencing_token)
 
+    async def build_report_async_term(term: int) -> None:
+        reports.append(term)
+
     names: dict[str, Any] = {
         "corral": corral,
         "build_report": lambda fencing_token: reports.append(fencing_token),
         "build_report_async": build_report_async,
         "compact_one_batch": lambda fencing_token: next(batches, None) is not None,
+        "schedule_jobs": lambda term: reports.append(term),
+        "schedule_jobs_async": build_report_async_term,
         "db": Database(),
         "store": connect(),
         "reports": reports,
