@@ -283,8 +283,13 @@ class AsyncMemoryBackend(AsyncBackend):
                 soonest = min(entry.expires_at for entry in sem.slots.values())
                 return Attempt(False, holder_ttl=soonest - now)
             queue = self._queue_places(self._sem_queues, name, now)
-            if queue is not None and owner not in list(queue)[: limit - taken]:
-                return Attempt(False, holder_ttl=None)  # waiters ahead take the free slots
+            if queue is not None:
+                # Every live place ahead of this owner (all of them, when it has none)
+                # takes a free slot first.
+                places = list(queue)
+                ahead = places.index(owner) if owner in queue else len(places)
+                if ahead >= limit - taken:
+                    return Attempt(False, holder_ttl=None)
             if sem is None:
                 sem = self._semaphores[name] = _Semaphore(limit, {})
             self._last_token += 1
