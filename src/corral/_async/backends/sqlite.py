@@ -24,6 +24,12 @@ them sooner. For a fair lock the datagram names the queue's head, and only
 that waiter re-attempts. Waiters still re-check once a second, as on every
 backend that notifies.
 
+Semaphore waiters use the same socket and listener, but register in a table
+of their own and are keyed by their name's digest in a domain apart from lock
+names, so a freed slot of semaphore "x" wakes the waiters of semaphore "x",
+never those of lock "x" (nor the reverse). A freed slot names no head:
+several waiters may fit now, so every waiter of that semaphore re-attempts.
+
 Where no Unix datagram socket can be opened, waiters fall back to that
 once-a-second re-check (and to the local bus, for releases made in this
 process), with a warning in the log.
