@@ -388,8 +388,9 @@ class AsyncSQLiteBackend(AsyncBackend):
             "crashed holder's, hold_for's) is deleted by a sweep that looks at 32 rows per "
             "acquisition, so the table is swept whole every (rows / 32) acquisitions; dead "
             "waiters' queue places and dead processes' wake-up registrations are deleted by "
-            "later acquisitions, 8 of each per acquisition; the file keeps one row for the "
-            "token counter"
+            "later acquisitions, 8 of each per acquisition; semaphore slots, places and "
+            "registrations are deleted the same way, 8 of each per slot taken; the file "
+            "keeps one row for the token counter"
         ),
         semaphores=(
             "one row per slot in the file, with its owner, token, limit and expiry, "
