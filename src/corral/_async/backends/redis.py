@@ -23,6 +23,12 @@ other calls), waiters listen to a pub/sub feed instead: one connection per
 process for every waiter, subscribed (and confirmed by the server) before the
 attempt, so a release after that attempt cannot go unheard. A release also
 publishes, naming the queue's head when there is one.
+
+Semaphores work the same way under keys of their own (`SemaphoreKeys`): a
+sorted set of slots scored by expiry, one script per primitive, and slot
+releases that push to the semaphore's lists: one token per free slot the
+queue leaves to waiters outside it, and a push to each queued waiter that may
+take a free slot now.
 """
 
 from __future__ import annotations
