@@ -8,8 +8,10 @@ itself (its list, or the feed), not by its own timer.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +19,7 @@ import pytest
 import redis
 
 import corral
+import corral.aio
 from corral._sync import lock as sync_lock
 from corral._sync.backends import redis as sync_redis
 from corral.backends import redis_scripts
@@ -184,3 +187,299 @@ def test_a_server_that_refuses_blpop_never_makes_a_waiter_spin(
     finally:
         admin.acl_deluser(user)
         admin.close()
+
+
+# -- semaphores ---------------------------------------------------------------------
+
+
+def hold_slots(store: corral.Store, name: str, limit: int, count: int) -> list[corral.Semaphore]:
+    slots = [store.semaphore(name, limit, ttl=NO_RECHECK * 2) for _ in range(count)]
+    for slot in slots:
+        assert slot.acquire()
+    return slots
+
+
+def wait_for_slots(
+    store: corral.Store, name: str, limit: int, count: int, *, fair: bool = False
+) -> list[tuple[corral.Semaphore, threading.Thread, list[bool]]]:
+    waiting = []
+    for _ in range(count):
+        slot = store.semaphore(name, limit, ttl=30, fair=fair)
+        thread, got = wait_in_thread(slot, 60)
+        waiting.append((slot, thread, got))
+    time.sleep(0.5)  # they attempted, failed and wait now
+    assert not any(got for _, _, got in waiting)
+    return waiting
+
+
+def until(condition: Any, what: str, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("mode", ["list", "feed"])
+@pytest.mark.parametrize("fair", [False, True])
+def test_a_slot_release_wakes_a_waiter_of_another_store(
+    stores: tuple[corral.Store, corral.Store],
+    name: str,
+    mode: str,
+    fair: bool,
+    only_pushed_wake_ups: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if mode == "feed":
+        monkeypatch.setattr(sync_redis, "MAX_BLOCKING", 0)
+    holder_store, waiter_store = stores
+    holders = hold_slots(holder_store, name, 2, 2)
+    [(waiter, thread, got)] = wait_for_slots(waiter_store, name, 2, 1, fair=fair)
+    started = time.monotonic()
+    holders[0].release()
+    thread.join(30)
+    # Its own re-check would come NO_RECHECK seconds later: the release woke it.
+    assert got == [True] and time.monotonic() - started < 10
+    waiter.release()
+    holders[1].release()
+
+
+def test_a_lock_release_does_not_wake_a_semaphore_waiter(
+    stores: tuple[corral.Store, corral.Store],
+    backend_url: str,
+    name: str,
+    only_pushed_wake_ups: None,
+) -> None:
+    holder_store, waiter_store = stores
+    lock = holder_store.lock(name, ttl=60)
+    assert lock.acquire()
+    [holder] = hold_slots(holder_store, name, 1, 1)
+    client: Any = redis.Redis.from_url(backend_url)
+    keys = redis_scripts.semaphore_keys("corral", name)
+    try:
+        [(waiter, thread, got)] = wait_for_slots(waiter_store, name, 1, 1)
+        lock.release()  # the lock's lists and channel only
+        assert client.llen(keys.signal) == 0
+        time.sleep(0.3)
+        assert not got
+        holder.release()
+        thread.join(30)
+        assert got == [True]
+        waiter.release()
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("fair", [False, True])
+def test_freeing_many_slots_wakes_as_many_waiters(
+    stores: tuple[corral.Store, corral.Store], name: str, fair: bool, only_pushed_wake_ups: None
+) -> None:
+    """One wake-up per freed slot: a force-release of three slots, or three releases in a
+    row before any waiter woke, lets three waiters in, with no timer's help."""
+    holder_store, waiter_store = stores
+    for free in ("force", "releases"):
+        holders = hold_slots(holder_store, name, 3, 3)
+        waiting = wait_for_slots(waiter_store, name, 3, 3, fair=fair)
+        if free == "force":
+            assert holder_store.force_release_semaphore(name) == 3
+        else:
+            for holder in holders:
+                holder.release()
+        got_all = [got for _, _, got in waiting]
+        until(lambda got_all=got_all: all(got == [True] for got in got_all), f"not all ({free})")
+        for slot, thread, _ in waiting:
+            thread.join(30)
+            slot.release()
+
+
+def test_a_slot_release_with_nobody_waiting_spends_nothing_on_wake_ups(
+    backend_url: str, name: str
+) -> None:
+    client: Any = redis.Redis.from_url(backend_url)
+    keys = redis_scripts.semaphore_keys("corral", name)
+    with corral.connect(backend_url) as store:
+        slots = [store.semaphore(name, 2, ttl=30) for _ in range(2)]
+        for _ in range(3):
+            for slot in slots:
+                assert slot.acquire()
+            for slot in slots:
+                slot.release()
+        assert client.exists(keys.signal, keys.waiting) == 0
+        for slot in slots:
+            assert slot.acquire()
+        assert not store.semaphore(name, 2, ttl=30).acquire()  # someone waits now
+        assert client.exists(keys.waiting) == 1
+        slots[0].release()
+        assert client.llen(keys.signal) == 1  # one token for the one free slot
+        slots[1].release()
+        assert client.llen(keys.signal) == 2
+        # A failed attempt saw no slot for it: the tokens were stale, and are dropped.
+        for slot in slots:
+            assert slot.acquire()
+        assert not store.semaphore(name, 2, ttl=30).acquire()
+        assert client.llen(keys.signal) == 0
+        for slot in slots:
+            slot.release()
+    client.close()
+
+
+NAMES = ["plain", "nul\0byte", "ünïcødé ✓", "{braces}%7B", "long" * 300, "lone \ud800"]
+
+
+def test_a_semaphore_name_used_once_leaves_no_key_behind(
+    backend_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every key a semaphore writes (slots, tokens, limit, fence, queue, wake-up lists,
+    the waiting marker) expires with its last use, under the store's prefix only."""
+    # Short markers and queue places, so the test need not wait out the defaults.
+    monkeypatch.setattr(lockflow, "NOTIFIED_RECHECK", 0.2)
+    monkeypatch.setattr(sync_lock, "FAIR_QUEUE_TTL", 0.6)
+    prefix = f"sem-{uuid.uuid4().hex[:8]}"
+    client: Any = redis.Redis.from_url(backend_url)
+    before = set(client.scan_iter(match="*", count=1000))
+    try:
+        with (
+            corral.connect(backend_url, prefix=prefix) as one,
+            corral.connect(backend_url, prefix=prefix) as two,
+        ):
+            for index, base in enumerate(NAMES):
+                name = f"{base}-{index}"
+                slots = [one.semaphore(name, 2, ttl=1) for _ in range(2)]
+                for slot in slots:
+                    assert slot.acquire()
+                # Waiters that give up, in the queue and outside it, and ones that get in.
+                assert not two.semaphore(name, 2, ttl=1, fair=True).acquire(wait=0.3)
+                assert not two.semaphore(name, 2, ttl=1).acquire(wait=0.3)
+                waiter = two.semaphore(name, 2, ttl=1, fair=True)
+                thread, got = wait_in_thread(waiter, 10)
+                time.sleep(0.1)
+                slots[0].release()
+                thread.join(10)
+                assert got == [True]
+                waiter.release(hold_for=0.5)
+                slots[1].extend(ttl=1.5)  # left to expire, as a crashed holder's
+                info = one.semaphore_info(name)
+                assert info is not None and info.limit == 2 and len(info.holders) == 2
+            new = set(client.scan_iter(match="*", count=1000)) - before
+            assert new and all(key.startswith(prefix.encode() + b":{") for key in new), new
+            time.sleep(2.2)
+            for index, base in enumerate(NAMES):
+                assert one.semaphore_info(f"{base}-{index}") is None
+        left = [key for key in client.scan_iter(match=f"{prefix}:*", count=1000)]
+        assert left == [], f"{len(left)} keys left: {left[:5]}"
+    finally:
+        client.close()
+
+
+def test_tokens_increase_while_the_fence_outlives_every_slot(backend_url: str, name: str) -> None:
+    client: Any = redis.Redis.from_url(backend_url)
+    keys = redis_scripts.semaphore_keys("corral", name)
+    with corral.connect(backend_url) as store:
+        first = store.semaphore(name, 2, ttl=1)
+        assert first.acquire()
+        first.extend(ttl=20)
+        # The fence lives at least as long as the longest slot, extended or held.
+        assert client.pttl(keys.fence) > 15_000
+        second = store.semaphore(name, 2, ttl=1)
+        assert second.acquire()
+        tokens = [first.token, second.token]
+        second.release(hold_for=30)
+        assert client.pttl(keys.fence) > 25_000
+        assert client.pttl(keys.slots) > 25_000 and client.pttl(keys.owners) > 25_000
+        first.release()
+        third = store.semaphore(name, 2, ttl=1)
+        assert third.acquire()
+        tokens.append(third.token)
+        assert tokens == sorted(tokens) and len(set(tokens)) == 3
+        info = store.semaphore_info(name)
+        assert info is not None
+        assert [h.owner for h in info.holders] == [None, third.owner]  # oldest token first
+        assert store.force_release_semaphore(name) == 2
+    client.close()
+
+
+def test_concurrent_attempts_from_many_connections_never_exceed_the_limit(
+    backend_url: str, name: str
+) -> None:
+    """Each attempt is one script: 16 connections attempting at the same instant get
+    exactly `limit` slots, with distinct tokens above every earlier one."""
+    limit, contenders = 3, 16
+    client: Any = redis.Redis.from_url(backend_url)
+    keys = redis_scripts.semaphore_keys("corral", name)
+    stores = [corral.connect(backend_url) for _ in range(contenders)]
+    try:
+        last = 0
+        for _ in range(5):
+            slots = [store.semaphore(name, limit, ttl=30) for store in stores]
+            barrier = threading.Barrier(contenders)
+            granted: list[bool] = [False] * contenders
+
+            def attempt(
+                index: int, barrier: threading.Barrier, slot: corral.Semaphore, granted: list[bool]
+            ) -> None:
+                barrier.wait()
+                granted[index] = slot.acquire()
+
+            threads = [
+                threading.Thread(target=attempt, args=(i, barrier, slots[i], granted))
+                for i in range(contenders)
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(30)
+            assert sum(granted) == limit
+            assert client.zcard(keys.slots) == limit
+            assert client.hlen(keys.owners) == limit + 1  # one token each, and the limit
+            tokens = sorted(slot.token for slot in slots if slot.token is not None)
+            assert len(set(tokens)) == limit and tokens[0] > last
+            last = tokens[-1]
+            for slot in slots:
+                if slot.held:
+                    slot.release()
+        assert client.exists(keys.slots, keys.owners) == 0
+    finally:
+        for store in stores:
+            store.close()
+        client.close()
+
+
+def test_a_cancelled_wait_takes_no_slot_and_leaves_the_queue(backend_url: str, name: str) -> None:
+    client: Any = redis.Redis.from_url(backend_url)
+    keys = redis_scripts.semaphore_keys("corral", name)
+
+    async def scenario() -> None:
+        async with corral.aio.connect(backend_url) as store:
+            holder = store.semaphore(name, 1, ttl=30)
+            assert await holder.acquire()
+            waiter = store.semaphore(name, 1, ttl=30, fair=True)
+            task = asyncio.create_task(waiter.acquire(wait=30))
+            await asyncio.sleep(0.3)
+            assert client.zcard(keys.queue) == 1
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert not waiter.held
+            assert client.zcard(keys.queue) == 0  # it left its place, nobody waits behind it
+            info = await store.semaphore_info(name)
+            assert info is not None and [h.owner for h in info.holders] == [holder.owner]
+            await holder.release()
+            assert await store.semaphore_info(name) is None
+            newcomer = store.semaphore(name, 1, ttl=30)
+            assert await newcomer.acquire()  # no stale place ahead of it
+            await newcomer.release()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        client.close()
+
+
+def test_semaphore_keys_share_the_lock_hash_tag_and_never_its_keys() -> None:
+    for name in NAMES:
+        lock = redis_scripts.lock_keys("app", name)
+        sem = redis_scripts.semaphore_keys("app", name)
+        tag = lock.lock[: lock.lock.index("}") + 1]
+        sem_keys = [*sem[:-1], sem.wake("owner")]
+        assert all(key.startswith(tag + ":sem:") for key in sem_keys)
+        assert not set(sem_keys) & {*lock[:-1], lock.wake("owner")}
+        assert len(set(sem_keys)) == len(sem_keys)

@@ -9,7 +9,8 @@ import redis
 from tests.footprint import register
 
 
-# A held lock keeps its lock key and its token key.
+# A held lock keeps its lock key and its token key. Semaphores' keys carry the same
+# prefix (`corral:{name}:sem:...`), so they are counted too.
 @register("redis", per_held=2, constant=0)
 def count(store: Any, url: str) -> int:
     client = redis.Redis.from_url(url)

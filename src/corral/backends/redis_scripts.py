@@ -31,10 +31,18 @@ __all__ = [
     "INSPECT",
     "LEAVE_QUEUE",
     "RELEASE",
+    "SEM_ACQUIRE",
+    "SEM_EXTEND",
+    "SEM_FORCE_RELEASE",
+    "SEM_INSPECT",
+    "SEM_LEAVE_QUEUE",
+    "SEM_RELEASE",
     "LockKeys",
+    "SemaphoreKeys",
     "check_prefix",
     "feed_channel",
     "lock_keys",
+    "semaphore_keys",
 ]
 
 DEFAULT_PREFIX = "corral"
@@ -305,3 +313,321 @@ ACQUIRE = _fill(ACQUIRE)
 RELEASE = _fill(RELEASE)
 FORCE_RELEASE = _fill(FORCE_RELEASE)
 LEAVE_QUEUE = _fill(LEAVE_QUEUE)
+
+
+# -- semaphores ---------------------------------------------------------------------
+
+
+class SemaphoreKeys(NamedTuple):
+    """Everything one semaphore name uses on the server.
+
+    They carry the same hash tag as the lock of that name (one cluster slot) and
+    an infix of their own, so a lock and a semaphore of one name never meet.
+    """
+
+    slots: str
+    """The taken slots: a ZSET of owners (or `HELD` + token) scored by expiry (server ms)."""
+    owners: str
+    """A hash: each slot's member -> its token, and `LIMIT` -> the holders' limit."""
+    fence: str
+    """The last token handed out, kept at least as long as the longest live slot."""
+    queue: str
+    """Queued waiters, scored by arrival number."""
+    queue_expiry: str
+    """The same waiters, scored by the server time (ms) their place expires."""
+    channel: str
+    """Pub/sub channel announcing freed slots (for waiters on the feed)."""
+    signal: str
+    """A list of wake-up tokens for waiters outside the queue, one per slot they may take."""
+    waiting: str
+    """Set (for a few seconds) by every failed attempt: only then do releases wake anyone."""
+    wake_prefix: str
+    """Followed by an owner id: the list that wakes that queued waiter alone."""
+
+    def wake(self, owner: str) -> str:
+        return f"{self.wake_prefix}{owner}"
+
+
+def semaphore_keys(prefix: str, name: str) -> SemaphoreKeys:
+    """The keys of semaphore `name`, e.g. `corral:{report}:sem:slots`, in the lock's slot."""
+    base = f"{prefix}:{{{_tag(name)}}}:sem"
+    return SemaphoreKeys(
+        slots=f"{base}:slots",
+        owners=f"{base}:owners",
+        fence=f"{base}:fence",
+        queue=f"{base}:queue",
+        queue_expiry=f"{base}:queue:expiry",
+        channel=f"{base}:released",
+        signal=f"{base}:signal",
+        waiting=f"{base}:waiting",
+        wake_prefix=f"{base}:wake:",
+    )
+
+
+# A slot kept closed by `release(hold_for=...)` is the member HELD + its token, and the
+# limit is the owners hash's field LIMIT: both start with a NUL, which no owner id holds.
+HELD = "\0held:"
+LIMIT = "\0limit"
+# At most this many wake-up tokens wait in a semaphore's shared list (one per slot a
+# waiter outside the queue may take); waiters beyond it re-check on their own timers.
+MAX_SIGNAL_TOKENS = 64
+
+# Lua shared by the semaphore scripts. Every expiry is the server's (`TIME`, in ms);
+# a slot is live while its score is above now. `keep` gives the slot keys the expiry of
+# their longest live slot, and never lets the fence expire before it, so a name used
+# once leaves nothing once its slots are gone, and tokens increase while any slot lives.
+_SEM = """
+if redis.replicate_commands then redis.replicate_commands() end
+local HELD, LIMIT = string.char(0) .. 'held:', string.char(0) .. 'limit'
+local function clock()
+  local time = redis.call('TIME')
+  return tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000), time
+end
+-- Drop expired slots; how many are taken now (the limit goes with the last one).
+local function purge(slots, owners, now)
+  local gone = redis.call('ZRANGEBYSCORE', slots, '-inf', now)
+  if #gone > 0 then
+    for _, member in ipairs(gone) do redis.call('HDEL', owners, member) end
+    redis.call('ZREMRANGEBYSCORE', slots, '-inf', now)
+  end
+  local taken = redis.call('ZCARD', slots)
+  if taken == 0 then redis.call('DEL', owners) end
+  return taken
+end
+local function keep(slots, owners, fence, now)
+  local last = redis.call('ZRANGE', slots, -1, -1, 'WITHSCORES')[2]
+  if not last then
+    redis.call('DEL', owners)
+    return
+  end
+  redis.call('PEXPIREAT', slots, last)
+  redis.call('PEXPIREAT', owners, last)
+  if redis.call('PTTL', fence) < tonumber(last) - now then
+    redis.call('PEXPIREAT', fence, last)
+  end
+end
+-- The caller's slot is gone: LOST (-1) when every slot is taken now, else EXPIRED (0).
+local function gone(slots, owners)
+  local limit = tonumber(redis.call('HGET', owners, LIMIT))
+  if limit and redis.call('ZCARD', slots) >= limit then return -1 end
+  return 0
+end
+local function drop_places(queue, queue_expiry, now)
+  for _, place in ipairs(redis.call('ZRANGEBYSCORE', queue_expiry, '-inf', now)) do
+    redis.call('ZREM', queue, place)
+    redis.call('ZREM', queue_expiry, place)
+  end
+end
+-- `free` slots are free now: wake whoever may take one. The first `free` live places of
+-- the queue each get a push to their own list (and a feed message naming them); the
+-- slots left over after the queue's waiters go to waiters outside the queue, one token
+-- each in the shared list. Nothing is spent when no attempt failed recently.
+local function wake(queue, queue_expiry, signal, waiting, wake_prefix, channel, free, why, now)
+  if free <= 0 or redis.call('EXISTS', waiting) == 0 then return 0 end
+  drop_places(queue, queue_expiry, now)
+  for _, head in ipairs(redis.call('ZRANGE', queue, 0, free - 1)) do
+    local list = wake_prefix .. head
+    if redis.call('LLEN', list) == 0 then redis.call('RPUSH', list, 1) end
+    local expires = tonumber(redis.call('ZSCORE', queue_expiry, head)) or (now + 1000)
+    redis.call('PEXPIRE', list, math.max(expires - now, 1))
+    redis.call('PUBLISH', channel, '%HEAD%' .. head)
+  end
+  local others = math.min(free - redis.call('ZCARD', queue), %MAX_TOKENS%)
+  if others > 0 then
+    for _ = redis.call('LLEN', signal) + 1, others do redis.call('RPUSH', signal, 1) end
+    redis.call('PEXPIRE', signal, math.max(redis.call('PTTL', waiting), 1000))
+    redis.call('PUBLISH', channel, why)
+  end
+  return 1
+end
+"""
+
+# KEYS: slots, owners, fence, queue, queue_expiry, waiting, signal
+# ARGV: owner, ttl (ms), limit, queue ttl (ms, or ""), wake list of this owner, how long
+#       the "someone waits" marker lives (ms)
+# Returns {1, token} when a slot was taken; else {0, ms until the soonest slot frees}
+# when all are taken, {0, -2} when free slots are left to queued waiters ahead, or
+# {0, -3, limit} when the holders took their slots with another limit.
+#
+# Of `free` free slots, the queue's first `free` live waiters may take one each; an
+# attempt from outside the queue may take one only when fewer waiters are queued.
+# Tokens come from the fence, as the lock's do from its own: the last one plus one,
+# never less than the server time in microseconds. A failed attempt empties the shared
+# wake-up list and its own: it just saw that no slot was left for a waiter like it, so
+# those tokens are stale, and every release from now on pushes a fresh one.
+SEM_ACQUIRE = (
+    _SEM
+    + """
+local owner, ttl, limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local queue_ttl = tonumber(ARGV[4])
+local now, time = clock()
+local taken = purge(KEYS[1], KEYS[2], now)
+if taken > 0 then
+  local stored = tonumber(redis.call('HGET', KEYS[2], LIMIT))
+  if stored and stored ~= limit then return {0, -3, stored} end
+end
+local function refuse(answer)
+  redis.call('SET', KEYS[6], 1, 'PX', ARGV[6])
+  redis.call('DEL', KEYS[7], ARGV[5])
+  return {0, answer}
+end
+if queue_ttl then
+  drop_places(KEYS[4], KEYS[5], now)
+  if not redis.call('ZSCORE', KEYS[4], owner) then
+    local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
+    local arrival = 1
+    if last[2] then arrival = tonumber(last[2]) + 1 end
+    redis.call('ZADD', KEYS[4], arrival, owner)
+  end
+  redis.call('ZADD', KEYS[5], now + queue_ttl, owner)
+  for _, key in ipairs({KEYS[4], KEYS[5]}) do
+    if redis.call('PTTL', key) < queue_ttl then redis.call('PEXPIRE', key, queue_ttl) end
+  end
+end
+if taken >= limit then
+  local soonest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2]
+  return refuse(tonumber(soonest) - now)
+end
+local free = limit - taken
+local ahead
+if queue_ttl then
+  ahead = redis.call('ZRANK', KEYS[4], owner)
+else
+  ahead = redis.call('ZCARD', KEYS[4])
+  if ahead >= free then
+    drop_places(KEYS[4], KEYS[5], now)
+    ahead = redis.call('ZCARD', KEYS[4])
+  end
+end
+if ahead >= free then return refuse(-2) end
+if queue_ttl then
+  redis.call('ZREM', KEYS[4], owner)
+  redis.call('ZREM', KEYS[5], owner)
+end
+redis.call('DEL', ARGV[5])
+local token = math.max(
+  (tonumber(redis.call('GET', KEYS[3])) or 0) + 1,
+  tonumber(time[1]) * 1000000 + tonumber(time[2]))
+token = string.format('%d', token)
+redis.call('SET', KEYS[3], token, 'PX', math.max(redis.call('PTTL', KEYS[3]), ttl))
+redis.call('ZADD', KEYS[1], now + ttl, owner)
+redis.call('HSET', KEYS[2], owner, token)
+redis.call('HSET', KEYS[2], LIMIT, limit)
+keep(KEYS[1], KEYS[2], KEYS[3], now)
+return {1, tonumber(token)}
+"""
+)
+
+# KEYS: slots, owners, fence, queue, queue_expiry, signal, waiting
+# ARGV: owner, hold_for (ms; 0 frees the slot), channel, wake-list prefix
+# Returns 1 released (OK), 0 the slot is gone and one is free (EXPIRED), -1 the slot is
+# gone and every slot is taken (LOST).
+SEM_RELEASE = (
+    _SEM
+    + """
+local owner = ARGV[1]
+local now = clock()
+local taken = purge(KEYS[1], KEYS[2], now)
+if not redis.call('ZSCORE', KEYS[1], owner) then return gone(KEYS[1], KEYS[2]) end
+local token = redis.call('HGET', KEYS[2], owner) or '0'
+redis.call('ZREM', KEYS[1], owner)
+redis.call('HDEL', KEYS[2], owner)
+local hold = tonumber(ARGV[2])
+if hold > 0 then
+  redis.call('ZADD', KEYS[1], now + hold, HELD .. token)
+  redis.call('HSET', KEYS[2], HELD .. token, token)
+  keep(KEYS[1], KEYS[2], KEYS[3], now)
+  return 1
+end
+local limit = tonumber(redis.call('HGET', KEYS[2], LIMIT)) or taken
+keep(KEYS[1], KEYS[2], KEYS[3], now)
+wake(KEYS[4], KEYS[5], KEYS[6], KEYS[7], ARGV[4], ARGV[3], limit - taken + 1, 'released', now)
+return 1
+"""
+)
+
+# KEYS: slots, owners, fence
+# ARGV: owner, ttl (ms)
+# Returns 1 extended (OK), 0 gone with a slot free (EXPIRED), -1 gone and full (LOST).
+SEM_EXTEND = (
+    _SEM
+    + """
+local now = clock()
+purge(KEYS[1], KEYS[2], now)
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return gone(KEYS[1], KEYS[2]) end
+redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
+keep(KEYS[1], KEYS[2], KEYS[3], now)
+return 1
+"""
+)
+
+# KEYS: slots, owners
+# Returns nil when no slot is taken, else {limit, then member, ms left, token for each
+# live slot}, read at one instant. Writes nothing.
+SEM_INSPECT = """
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES')
+if #live == 0 then return false end
+local answer = {redis.call('HGET', KEYS[2], string.char(0) .. 'limit') or ''}
+for i = 1, #live, 2 do
+  answer[#answer + 1] = live[i]
+  answer[#answer + 1] = tostring(tonumber(live[i + 1]) - now)
+  answer[#answer + 1] = redis.call('HGET', KEYS[2], live[i]) or ''
+end
+return answer
+"""
+
+# KEYS: slots, owners, fence, queue, queue_expiry, signal, waiting
+# ARGV: channel, wake-list prefix
+# Returns how many slots were taken (and wakes the waiters that may take them).
+SEM_FORCE_RELEASE = (
+    _SEM
+    + """
+local now = clock()
+local taken = purge(KEYS[1], KEYS[2], now)
+if taken == 0 then return 0 end
+local limit = tonumber(redis.call('HGET', KEYS[2], LIMIT)) or taken
+redis.call('DEL', KEYS[1], KEYS[2])
+wake(KEYS[4], KEYS[5], KEYS[6], KEYS[7], ARGV[2], ARGV[1], limit, 'forced', now)
+return taken
+"""
+)
+
+# KEYS: slots, owners, fence, queue, queue_expiry, signal, waiting
+# ARGV: owner, channel, wake-list prefix
+# Returns 1 when the owner was among the waiters a free slot let in (the waiters that may
+# take the free slots now were told to try), else 0.
+SEM_LEAVE_QUEUE = (
+    _SEM
+    + """
+local owner = ARGV[1]
+local now = clock()
+drop_places(KEYS[4], KEYS[5], now)
+local rank = redis.call('ZRANK', KEYS[4], owner)
+redis.call('ZREM', KEYS[4], owner)
+redis.call('ZREM', KEYS[5], owner)
+redis.call('DEL', ARGV[3] .. owner)
+if not rank then return 0 end
+local taken = purge(KEYS[1], KEYS[2], now)
+local free
+if taken == 0 then
+  free = redis.call('ZCARD', KEYS[4]) + 1  -- every slot is free: anyone may try
+else
+  free = (tonumber(redis.call('HGET', KEYS[2], LIMIT)) or taken) - taken
+end
+if rank >= free then return 0 end
+return wake(KEYS[4], KEYS[5], KEYS[6], KEYS[7], ARGV[3], ARGV[2], free, 'left', now)
+"""
+)
+
+
+def _fill_sem(script: str) -> str:
+    return _fill(script).replace("%MAX_TOKENS%", str(MAX_SIGNAL_TOKENS))
+
+
+SEM_ACQUIRE = _fill_sem(SEM_ACQUIRE)
+SEM_RELEASE = _fill_sem(SEM_RELEASE)
+SEM_EXTEND = _fill_sem(SEM_EXTEND)
+SEM_FORCE_RELEASE = _fill_sem(SEM_FORCE_RELEASE)
+SEM_LEAVE_QUEUE = _fill_sem(SEM_LEAVE_QUEUE)

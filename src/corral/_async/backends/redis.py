@@ -23,6 +23,12 @@ other calls), waiters listen to a pub/sub feed instead: one connection per
 process for every waiter, subscribed (and confirmed by the server) before the
 attempt, so a release after that attempt cannot go unheard. A release also
 publishes, naming the queue's head when there is one.
+
+Semaphores work the same way under keys of their own (`SemaphoreKeys`): a
+sorted set of slots scored by expiry, one script per primitive, and slot
+releases that push to the semaphore's lists: one token per free slot the
+queue leaves to waiters outside it, and a push to each queued waiter that may
+take a free slot now.
 """
 
 from __future__ import annotations
@@ -61,7 +67,7 @@ from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock
 from corral.core.forks import ProcessLock
 from corral.core.options import Option, merge_options
-from corral.core.primitives import Attempt, LockInfo, Outcome
+from corral.core.primitives import Attempt, LockInfo, Outcome, SemaphoreInfo
 from corral.core.validate import check_timeout
 from corral.errors import BackendError, BackendUnavailable, ConfigError
 
@@ -342,10 +348,15 @@ class AsyncRedisWaiter(AsyncSubscribingWaiter):
     waiter listen to the pub/sub feed instead.
     """
 
-    def __init__(self, backend: AsyncRedisBackend, name: str) -> None:
-        super().__init__(backend.local_bus, name)
+    def __init__(self, backend: AsyncRedisBackend, name: str, *, semaphore: bool = False) -> None:
+        super().__init__(backend.semaphore_bus if semaphore else backend.local_bus, name)
         self._backend = backend
-        self._keys = scripts.lock_keys(backend.prefix, name)
+        # A semaphore's waiters wait on lists and a channel of its own, which its slot
+        # releases feed exactly as a lock's release feeds the lock's.
+        self._keys: scripts.LockKeys | scripts.SemaphoreKeys = (
+            backend._semaphore_keys(name) if semaphore else backend._keys(name)
+        )
+        self._kind = "semaphore" if semaphore else "lock"
         self._channel = self._keys.channel
         self._blocking = False
 
@@ -387,7 +398,9 @@ class AsyncRedisWaiter(AsyncSubscribingWaiter):
         return False
 
     async def _join(self) -> Feed:
-        return await self._backend._subscribe(self._name, self._channel, self._event, self.owner)
+        return await self._backend._subscribe(
+            self._name, self._channel, self._event, self.owner, self._kind
+        )
 
     async def _leave(self, feed: Feed) -> None:
         assert isinstance(feed, AsyncReleaseFeed)
@@ -438,6 +451,10 @@ class AsyncRedisBackend(AsyncBackend):
             "last token is kept only for the lock's TTL, and a queue's keys expire with their "
             "last place"
         ),
+        semaphores=(
+            "a sorted set of slot owners scored by their expiry on the server's clock, "
+            "with each slot's token and the limit in a hash, changed by one Lua script each"
+        ),
     )
 
     def __init__(
@@ -462,6 +479,12 @@ class AsyncRedisBackend(AsyncBackend):
         self._inspect = self._client.register_script(scripts.INSPECT)
         self._force_release = self._client.register_script(scripts.FORCE_RELEASE)
         self._leave_queue = self._client.register_script(scripts.LEAVE_QUEUE)
+        self._sem_acquire = self._client.register_script(scripts.SEM_ACQUIRE)
+        self._sem_release = self._client.register_script(scripts.SEM_RELEASE)
+        self._sem_extend = self._client.register_script(scripts.SEM_EXTEND)
+        self._sem_inspect = self._client.register_script(scripts.SEM_INSPECT)
+        self._sem_force_release = self._client.register_script(scripts.SEM_FORCE_RELEASE)
+        self._sem_leave_queue = self._client.register_script(scripts.SEM_LEAVE_QUEUE)
         self._feed_mutex = ProcessLock()
         self._feed: AsyncReleaseFeed | None = None
         self._spares: list[Any] | None = (
@@ -470,6 +493,7 @@ class AsyncRedisBackend(AsyncBackend):
         self._spares_pid = forks.pid()
         self._closed = False
         self._known_keys: dict[str, scripts.LockKeys] = {}
+        self._known_semaphore_keys: dict[str, scripts.SemaphoreKeys] = {}
         # Waiters of this process now blocked on a connection of their own (BLPOP).
         self._blocking = 0
         self._blocking_pid = forks.pid()
@@ -583,9 +607,11 @@ class AsyncRedisBackend(AsyncBackend):
 
     # -- errors -----------------------------------------------------------------
 
-    def _error(self, exc: BaseException, name: str, action: str) -> BackendError:
+    def _error(
+        self, exc: BaseException, name: str, action: str, kind: str = "lock"
+    ) -> BackendError:
         """The corral error for a redis-py failure: names the lock and server, says what to do."""
-        where = f"lock {name!r} on {self._server}: could not {action} it"
+        where = f"{kind} {name!r} on {self._server}: could not {action} it"
         if isinstance(exc, AuthenticationError):
             return BackendUnavailable(
                 f"{where}: Redis refused the credentials ({exc}); check the user and "
@@ -609,7 +635,13 @@ class AsyncRedisBackend(AsyncBackend):
     # -- primitives ---------------------------------------------------------------
 
     async def _run(
-        self, script: AsyncScript, name: str, action: str, keys: list[str], args: list[str]
+        self,
+        script: AsyncScript,
+        name: str,
+        action: str,
+        keys: list[str],
+        args: list[str],
+        kind: str = "lock",
     ) -> Any:
         """EVALSHA on a pooled connection, straight from the connection.
 
@@ -620,11 +652,11 @@ class AsyncRedisBackend(AsyncBackend):
         """
         # redis-py types these connection-level calls unevenly across its two flavours.
         pool: Any = self._pool
-        self._raise_if_closed(name, action)
+        self._raise_if_closed(name, action, kind)
         try:
             connection: Any = await self._borrow()
         except (RedisError, OSError) as exc:
-            raise self._error(exc, name, action) from exc
+            raise self._error(exc, name, action, kind) from exc
         sound = False
         try:
             try:
@@ -641,10 +673,10 @@ class AsyncRedisBackend(AsyncBackend):
             return result
         except ResponseError as exc:  # the server's error reply: the connection is fine
             sound = True
-            raise self._error(exc, name, action) from exc
+            raise self._error(exc, name, action, kind) from exc
         except (RedisError, OSError) as exc:
             await connection.disconnect()
-            raise self._error(exc, name, action) from exc
+            raise self._error(exc, name, action, kind) from exc
         except BaseException:
             # Cancelled between the command and its answer: the connection would hand
             # the stale answer to the next caller, so it is dropped, not reused.
@@ -806,6 +838,140 @@ class AsyncRedisBackend(AsyncBackend):
         if int(result):
             self.local_bus.notify(name)
 
+    # -- semaphores -----------------------------------------------------------------
+
+    async def sem_try_acquire(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        limit: int,
+        *,
+        queue_ttl: float | None = None,
+    ) -> Attempt:
+        keys = self._semaphore_keys(name)
+        result = await self._run(
+            self._sem_acquire,
+            name,
+            "acquire",
+            [
+                keys.slots,
+                keys.owners,
+                keys.fence,
+                keys.queue,
+                keys.queue_expiry,
+                keys.waiting,
+                keys.signal,
+            ],
+            [
+                owner,
+                str(_ms(ttl)),
+                str(limit),
+                "" if queue_ttl is None else str(_ms(queue_ttl)),
+                keys.wake(owner),
+                str(_ms(lockflow.NOTIFIED_RECHECK * scripts.WAITING_PAUSES)),
+            ],
+            "semaphore",
+        )
+        granted, number = int(result[0]), int(result[1])
+        if granted:
+            return Attempt(True, token=number)
+        if number == -3:
+            return Attempt(False, limit=int(result[2]))
+        return Attempt(False, holder_ttl=number / 1000 if number >= 0 else None)
+
+    async def sem_release(self, name: str, owner: str, hold_for: float = 0.0) -> Outcome:
+        keys = self._semaphore_keys(name)
+        result = await self._run(
+            self._sem_release,
+            name,
+            "release",
+            self._semaphore_wake_keys(keys),
+            [owner, str(_ms(hold_for)) if hold_for > 0 else "0", keys.channel, keys.wake_prefix],
+            "semaphore",
+        )
+        outcome = _OUTCOMES[int(result)]
+        if outcome is Outcome.OK and hold_for <= 0:
+            self.semaphore_bus.notify(name)
+        return outcome
+
+    async def sem_extend(self, name: str, owner: str, ttl: float) -> Outcome:
+        keys = self._semaphore_keys(name)
+        result = await self._run(
+            self._sem_extend,
+            name,
+            "extend",
+            [keys.slots, keys.owners, keys.fence],
+            [owner, str(_ms(ttl))],
+            "semaphore",
+        )
+        return _OUTCOMES[int(result)]
+
+    async def sem_inspect(self, name: str) -> SemaphoreInfo | None:
+        keys = self._semaphore_keys(name)
+        result = await self._run(
+            self._sem_inspect, name, "inspect", [keys.slots, keys.owners], [], "semaphore"
+        )
+        if result is None:
+            return None
+        limit, rest = str(result[0]), [str(item) for item in result[1:]]
+        holders = []
+        for member, left, token in zip(rest[0::3], rest[1::3], rest[2::3], strict=True):
+            if not token.isdigit() or not (limit.isdigit() or not limit):
+                raise BackendError(
+                    f"semaphore {name!r} on {self._server}: {keys.owners} holds a token "
+                    f"{token!r} or limit {limit!r} that corral did not write; another program "
+                    "uses the same key prefix (choose another prefix=)"
+                )
+            owner = None if member.startswith(scripts.HELD) else member
+            holders.append(LockInfo(name, owner, int(token), int(left) / 1000))
+        holders.sort(key=lambda holder: holder.token)
+        # A limit lost while slots live (evicted under memory pressure): as many as there are.
+        return SemaphoreInfo(name, int(limit) if limit else len(holders), tuple(holders))
+
+    async def sem_force_release(self, name: str) -> int:
+        keys = self._semaphore_keys(name)
+        result = await self._run(
+            self._sem_force_release,
+            name,
+            "force-release",
+            self._semaphore_wake_keys(keys),
+            [keys.channel, keys.wake_prefix],
+            "semaphore",
+        )
+        if int(result):
+            self.semaphore_bus.notify(name)
+        return int(result)
+
+    async def sem_leave_queue(self, name: str, owner: str) -> None:
+        keys = self._semaphore_keys(name)
+        result = await self._run(
+            self._sem_leave_queue,
+            name,
+            "leave the queue of",
+            self._semaphore_wake_keys(keys),
+            [owner, keys.channel, keys.wake_prefix],
+            "semaphore",
+        )
+        if int(result):
+            self.semaphore_bus.notify(name)
+
+    @staticmethod
+    def _semaphore_wake_keys(keys: scripts.SemaphoreKeys) -> list[str]:
+        """The keys of the scripts that may free slots, in their order (see redis_scripts)."""
+        return [
+            keys.slots,
+            keys.owners,
+            keys.fence,
+            keys.queue,
+            keys.queue_expiry,
+            keys.signal,
+            keys.waiting,
+        ]
+
+    def sem_waiter(self, name: str) -> AsyncRedisWaiter:
+        return AsyncRedisWaiter(self, name, semaphore=True)
+
     # -- wake-ups -------------------------------------------------------------------
 
     def waiter(self, name: str) -> AsyncRedisWaiter:
@@ -818,6 +984,15 @@ class AsyncRedisBackend(AsyncBackend):
             if len(self._known_keys) >= KNOWN_KEYS:
                 self._known_keys.clear()
             keys = self._known_keys[name] = scripts.lock_keys(self.prefix, name)
+        return keys
+
+    def _semaphore_keys(self, name: str) -> scripts.SemaphoreKeys:
+        """The keys of semaphore `name`, remembered as `_keys` remembers a lock's."""
+        keys = self._known_semaphore_keys.get(name)
+        if keys is None:
+            if len(self._known_semaphore_keys) >= KNOWN_KEYS:
+                self._known_semaphore_keys.clear()
+            keys = self._known_semaphore_keys[name] = scripts.semaphore_keys(self.prefix, name)
         return keys
 
     def _take_blocking_slot(self) -> bool:
@@ -895,24 +1070,24 @@ class AsyncRedisBackend(AsyncBackend):
                 )
             return feed
 
-    def _raise_if_closed(self, name: str, action: str) -> None:
+    def _raise_if_closed(self, name: str, action: str, kind: str = "lock") -> None:
         if self._closed:
             raise BackendError(
-                f"lock {name!r} on {self._server}: could not {action} it: the store is "
+                f"{kind} {name!r} on {self._server}: could not {action} it: the store is "
                 "closed; open a new one"
             )
 
     async def _subscribe(
-        self, name: str, channel: str, event: Event, owner: str | None
+        self, name: str, channel: str, event: Event, owner: str | None, kind: str = "lock"
     ) -> AsyncReleaseFeed:
         # A closed store starts no new feed (a waiter woken by the close would otherwise
         # open a pub/sub connection and a listener that nobody ever closes).
-        self._raise_if_closed(name, "wait for")
+        self._raise_if_closed(name, "wait for", kind)
         feed = self._current_feed()
         try:
             await feed.join(channel, event, owner, self._timeout)
         except (RedisError, OSError) as exc:
-            raise self._error(exc, name, "wait for") from exc
+            raise self._error(exc, name, "wait for", kind) from exc
         return feed
 
     async def aclose(self) -> None:
