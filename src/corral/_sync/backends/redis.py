@@ -438,9 +438,9 @@ class RedisBackend(Backend):
             "not consensus"
         ),
         on_memory_pressure=(
-            "any maxmemory-policy but noeviction can evict a held lock (locks carry a TTL, so "
-            "volatile-* policies pick them too, volatile-ttl first); use noeviction, where "
-            "a full Redis refuses new locks instead"
+            "any maxmemory-policy but noeviction can evict a held lock or semaphore slot "
+            "(their keys carry a TTL, so volatile-* policies pick them too, volatile-ttl "
+            "first); use noeviction, where a full Redis refuses new locks instead"
         ),
         fencing_tokens=(
             "the Redis server's clock in microseconds (`TIME`), or the name's last token + 1 "
@@ -451,7 +451,7 @@ class RedisBackend(Backend):
         state_per_name=(
             "nothing: the lock key goes at release (or when its TTL or hold_for ends), the "
             "last token is kept only for the lock's TTL, and a queue's keys expire with their "
-            "last place"
+            "last place; a semaphore's keys expire with its last slot or queue place"
         ),
         semaphores=(
             "a sorted set of slot owners scored by their expiry on the server's clock, "
