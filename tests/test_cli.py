@@ -344,10 +344,22 @@ def test_bad_ttl_is_a_config_error(corral: Corral) -> None:
     assert "--ttl" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_limit_above_one_is_not_available_yet(corral: Corral) -> None:
-    result = corral("run", "job", "--limit", "2", "--", "true")
-    assert result.returncode == 2
-    assert "--limit" in result.stderr and "not available" in result.stderr
+@pytest.mark.parametrize("limit", ["0", "-3", "2.5", "three", str(2**31)])
+def test_bad_limit_is_a_config_error(corral: Corral, tmp_path: Path, limit: str) -> None:
+    ran = tmp_path / "ran"
+    result = corral("run", "job", "--limit", limit, "--", "touch", str(ran))
+    assert result.returncode == 2, result.stderr
+    assert "--limit" in result.stderr and "Traceback" not in result.stderr
+    assert not ran.exists()
+
+
+def test_limit_one_is_the_lock_not_a_semaphore(corral: Corral, tmp_path: Path) -> None:
+    """A lock and a semaphore of one name are different things on the server."""
+    out = tmp_path / "env"
+    code = "import os, sys; open(sys.argv[1], 'w').write(os.environ['CORRAL_LOCK_TOKEN'])"
+    result = corral("run", "job", "--limit", "1", "--hold-for", "30", "--", *python(code), str(out))
+    assert result.returncode == 0, result.stderr
+    assert status(corral, "job")["held"] is True  # the lock is kept closed, as without --limit
 
 
 def test_missing_command_gives_127_and_leaves_the_lock_free(corral: Corral, tmp_path: Path) -> None:
