@@ -36,6 +36,7 @@ from corral.errors import BackendError, CorralError, LockError
 
 __all__ = [
     "FORWARDED",
+    "REPORT_TIMEOUT",
     "Interrupted",
     "Lease",
     "SignalHandlers",
@@ -249,7 +250,7 @@ class Supervisor:
         self.group: CommandGroup | None = None
         self.running = False  # the command itself runs (the launcher has exec'd it)
         self.pending: int | None = None
-        self.stop_forwarded = False  # a stop signal was passed on to the command
+        self.stop_forwarded: int | None = None  # a stop signal passed on to the command
         self.lost = False
         self.finished = False  # the command (the group's leader) has exited
         self.stopping_since: float | None = None  # SIGTERM sent by corral, SIGKILL armed
@@ -273,7 +274,7 @@ class Supervisor:
         """
         with self.mutex:
             if signum in STOPPING:
-                self.stop_forwarded = True
+                self.stop_forwarded = signum
             group = self.group
             if group is None or not self.running:
                 if self.pending is None:
