@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import corral
 from corral.backends.registry import default_url, redact
+from corral.core.election import identity_of
 from corral.core.primitives import LockInfo, SemaphoreInfo
 from corral.errors import BackendError, ConfigError, CorralError, LockExpired, LockLost
 
@@ -32,6 +33,7 @@ __all__ = [
     "add_url_argument",
     "choose_store",
     "describe_info",
+    "describe_leader",
     "describe_semaphore",
     "one_line",
     "open_store",
@@ -108,6 +110,11 @@ def describe_info(info: LockInfo) -> str:
             f"it closed {seconds(info.ttl)} more (fencing token {info.token})"
         )
     return f"held by {info.owner}, fencing token {info.token}, {seconds(info.ttl)} left"
+
+
+def describe_leader(info: LockInfo) -> str:
+    """Who leads an election (its lock's holder) and for how long, in the same words."""
+    return f"{identity_of(info.owner)} leads (term {info.token}, {seconds(info.ttl)} left)"
 
 
 def describe_semaphore(info: SemaphoreInfo, shown: int = 10) -> str:

@@ -26,10 +26,10 @@ from corral.cli._common import (
     Target,
     add_url_argument,
     choose_store,
+    describe_leader,
     one_line,
     open_store,
     say,
-    seconds,
 )
 from corral.cli._lease import (
     REPORT_TIMEOUT,
@@ -43,8 +43,6 @@ from corral.cli._lease import (
     give_back,
     take,
 )
-from corral.core.election import identity_of
-from corral.core.primitives import LockInfo
 from corral.core.validate import check_non_negative, check_ttl, check_wait
 from corral.errors import CorralError
 
@@ -123,11 +121,6 @@ def add_parser(subparsers: Any) -> None:
         help="say on stderr which store is used, and each term won and given up",
     )
     parser.set_defaults(handler=elect, takes_command=True)
-
-
-def describe_leader(info: LockInfo) -> str:
-    """Who leads, for how long, in the words every command uses."""
-    return f"{identity_of(info.owner)} leads (term {info.token}, {seconds(info.ttl)} left)"
 
 
 class _Leadership(Lease):
