@@ -4,7 +4,9 @@ The contract suite already runs every lock behaviour on SQLite; these tests
 look at the file (rows, tables, the migration from an older layout), at the
 wake-up datagrams (another process's release wakes a waiter; a dead or stuck
 process never blocks a release; a dropped datagram still wakes everyone; fork)
-and at what `corral status` leaves behind (nothing). Each test uses its own
+and at what `corral status` leaves behind (nothing). Semaphores get the same
+look: their own wake-ups (never confused with a lock of the same name), their
+rows collected, processes contending on one file never above the limit. Each test uses its own
 file, so counting rows means something. Releases that must come from another
 process run in a child Python, and every wait has a generous deadline: a
 waiter that is never woken fails the test after it, instead of passing slowly.
@@ -717,3 +719,337 @@ def test_inspecting_a_file_without_tables_leaves_it_as_it_was(tmp_path: Path) ->
         assert store.lock_info("report") is None
     assert query(path, "SELECT name FROM sqlite_master") == [("other",)]
     assert query(path, "PRAGMA journal_mode") == [("delete",)]
+
+
+# -- semaphores -----------------------------------------------------------------------------
+
+SEM_TABLES = ("corral_sem_slots", "corral_sem_queue", "corral_sem_waiters")
+
+
+def count_rows(path: Path, table: str) -> int:
+    return int(query(path, f"SELECT count(*) FROM {table}")[0][0])
+
+
+@pytest.mark.parametrize("odd", ODD_NAMES, ids=lambda n: repr(n)[:16])
+@pytest.mark.parametrize("how", ["sem_release", "sem_force_release"])
+def test_a_slot_freed_in_another_process_wakes_the_semaphore_waiter(
+    store: corral.Store, url: str, odd: str, how: str
+) -> None:
+    backend = store.backend
+    name = f"{fresh()}-{odd}"
+    assert backend.sem_try_acquire(name, "holder", 60, 1).acquired
+    with backend.sem_waiter(name) as waiter:
+        assert not backend.sem_try_acquire(name, "waiter", 60, 1).acquired
+        args = [name, "holder"] if how == "sem_release" else [name]
+        assert in_other_process(url, (how, args)) == ["ok" if how == "sem_release" else 1]
+        # Only a datagram can wake it: the slot was not freed in this process.
+        assert waiter.wait(DEADLINE)
+    assert backend.sem_try_acquire(name, "waiter", 60, 1).acquired
+
+
+def test_a_lock_and_a_semaphore_of_one_name_wake_only_their_own_waiters(
+    store: corral.Store, url: str
+) -> None:
+    backend = store.backend
+    name = fresh()
+    assert backend.try_acquire(name, "holder", 60).acquired
+    assert backend.sem_try_acquire(name, "holder", 60, 1).acquired
+    with backend.waiter(name) as lock_waiter, backend.sem_waiter(name) as sem_waiter:
+        # Both registered, each in its own table.
+        assert not backend.try_acquire(name, "waiter", 60).acquired
+        assert not backend.sem_try_acquire(name, "waiter", 60, 1).acquired
+        assert in_other_process(url, ("sem_release", [name, "holder"])) == ["ok"]
+        assert sem_waiter.wait(DEADLINE)
+        assert not lock_waiter.wait(0.3)
+        assert in_other_process(url, ("release", [name, "holder"])) == ["ok"]
+        assert lock_waiter.wait(DEADLINE)
+        assert not sem_waiter.wait(0.3)
+
+
+async def test_the_asyncio_semaphore_waiter_is_woken_by_another_process(url: str) -> None:
+    async with corral.aio.connect(url) as store:
+        name = fresh()
+        holder = store.semaphore(name, 2, ttl=60)
+        other = store.semaphore(name, 2, ttl=60)
+        assert await holder.acquire() and await other.acquire()
+        assert holder.owner is not None
+        waiter = store.semaphore(name, 2, ttl=60)
+        started = time.monotonic()
+        job = asyncio.ensure_future(waiter.acquire(wait=DEADLINE))
+        await asyncio.sleep(0.3)
+        assert not job.done()
+        await asyncio.to_thread(in_other_process, url, ("sem_release", [name, holder.owner]))
+        assert await job
+        # Woken by the datagram, not by the once-a-second re-check after a full wait.
+        assert time.monotonic() - started < 0.3 + 2.0
+        await waiter.release()
+        await other.release()
+
+
+# Each child takes the semaphore of 3 `rounds` times and counts who is inside in a file
+# under flock(2), so the count is exact across processes.
+CONTENDER = """
+import asyncio, fcntl, json, sys, time
+import corral, corral.aio
+url, name, counter, rounds, flavour = json.loads(sys.argv[1])
+
+def enter(delta):
+    with open(counter, "r+") as file:
+        fcntl.flock(file, fcntl.LOCK_EX)
+        inside = int(file.read() or 0) + delta
+        file.seek(0)
+        file.truncate()
+        file.write(str(inside))
+        return inside
+
+most, tokens = 0, []
+if flavour == "sync":
+    with corral.connect(url) as store:
+        slot = store.semaphore(name, 3, ttl=30, wait=60)
+        for _ in range(rounds):
+            with slot as held:
+                most = max(most, enter(+1))
+                tokens.append(held.token)
+                time.sleep(0.01)
+                enter(-1)
+else:
+    async def main():
+        global most
+        async with corral.aio.connect(url) as store:
+            slot = store.semaphore(name, 3, ttl=30, wait=60)
+            for _ in range(rounds):
+                async with slot as held:
+                    most = max(most, enter(+1))
+                    tokens.append(held.token)
+                    await asyncio.sleep(0.01)
+                    enter(-1)
+    asyncio.run(main())
+print(json.dumps([most, tokens]))
+"""
+
+
+def test_processes_contending_never_exceed_the_limit(
+    store: corral.Store, url: str, tmp_path: Path
+) -> None:
+    name = fresh()
+    counter = tmp_path / "inside"
+    counter.write_text("0")
+    rounds = 12
+    with contextlib.ExitStack() as stack:
+        children = [
+            stack.enter_context(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-c",
+                        CONTENDER,
+                        json.dumps([url, name, str(counter), rounds, flavour]),
+                    ],
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+            )
+            for flavour in ["sync", "async"] * 3
+        ]
+        results = []
+        for child in children:
+            out, _ = child.communicate(timeout=120)
+            assert child.returncode == 0
+            results.append(json.loads(out))
+    most = max(got[0] for got in results)
+    tokens = [token for got in results for token in got[1]]
+    assert 1 <= most <= 3
+    assert len(tokens) == len(set(tokens)) == 6 * rounds
+    assert counter.read_text() == "0"
+    assert store.semaphore_info(name) is None
+
+
+def test_concurrent_attempts_from_two_stores_never_exceed_the_limit(
+    store: corral.Store, url: str
+) -> None:
+    """Many attempts at once on one file through two stores never grant a fourth slot."""
+    backend = store.backend
+    name = fresh()
+    with corral.connect(url) as other:
+        granted: list[str] = []
+        mutex = threading.Lock()
+
+        def attempt(index: int) -> None:
+            via = (backend if index % 2 else other.backend).sem_try_acquire
+            if via(name, f"owner-{index}", 60, 3).acquired:
+                with mutex:
+                    granted.append(f"owner-{index}")
+
+        threads = [threading.Thread(target=attempt, args=(i,)) for i in range(24)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(DEADLINE)
+    assert len(granted) == 3
+    info = store.semaphore_info(name)
+    assert info is not None and {h.owner for h in info.holders} == set(granted)
+
+
+async def test_a_cancelled_attempt_takes_no_slot(url: str, db_path: Path) -> None:
+    """Cancelled before, during or after its transaction, an attempt leaves no slot held
+    and no place in the queue (a slot is free, so most attempts are granted at once)."""
+    async with corral.aio.connect(url) as store:
+        name = fresh()
+        kept = store.semaphore(name, 2, ttl=60)
+        assert await kept.acquire()
+        for index in range(30):
+            slot = store.semaphore(name, 2, ttl=60, fair=index % 2 == 0)
+            job = asyncio.ensure_future(slot.acquire(wait=5))
+            await asyncio.sleep(index * 0.0005)
+            job.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                if await job:
+                    await slot.release()  # it finished before the cancel landed
+            # A slot granted as the cancel landed is taken back once the attempt is over.
+            deadline = time.monotonic() + DEADLINE
+            while True:
+                info = await store.semaphore_info(name)
+                assert info is not None
+                if [h.owner for h in info.holders] == [kept.owner]:
+                    break
+                assert time.monotonic() < deadline, info
+                await asyncio.sleep(0.01)
+        await kept.release()
+        # Nobody is left in the queue to keep the free slots from anyone.
+        assert count_rows(db_path, "corral_sem_queue") == 0
+
+
+def test_free_slots_go_to_the_queue_first_then_to_anyone(store: corral.Store) -> None:
+    backend = store.backend
+    name = fresh()
+    for owner in ("a", "b", "c"):
+        assert backend.sem_try_acquire(name, owner, 60, 3).acquired
+    assert not backend.sem_try_acquire(name, "queued", 60, 3, queue_ttl=30).acquired
+    backend.sem_release(name, "a")
+    backend.sem_release(name, "b")
+    # Two slots free, one live place: one slot is anyone's, the other the queue's.
+    assert backend.sem_try_acquire(name, "x", 60, 3).acquired
+    assert not backend.sem_try_acquire(name, "y", 60, 3).acquired
+    assert backend.sem_try_acquire(name, "queued", 60, 3, queue_ttl=30).acquired
+    info = store.semaphore_info(name)
+    assert info is not None and [h.owner for h in info.holders] == ["c", "x", "queued"]
+
+
+def test_a_queued_waiter_that_gives_up_wakes_those_behind(store: corral.Store, url: str) -> None:
+    backend = store.backend
+    name = fresh()
+    assert backend.sem_try_acquire(name, "holder", 60, 1).acquired
+    with backend.sem_waiter(name).for_owner("second") as second:
+        first_call = ("sem_try_acquire", [name, "first", 60, 1], {"queue_ttl": 30})
+        assert in_other_process(url, first_call) == [False]
+        assert not backend.sem_try_acquire(name, "second", 60, 1, queue_ttl=30).acquired
+        backend.sem_release(name, "holder")  # wakes this process's waiters (local bus)
+        assert second.wait(DEADLINE)
+        assert not backend.sem_try_acquire(name, "second", 60, 1, queue_ttl=30).acquired
+        in_other_process(url, ("sem_leave_queue", [name, "first"]))
+        assert second.wait(DEADLINE)
+        assert backend.sem_try_acquire(name, "second", 60, 1, queue_ttl=30).acquired
+
+
+def test_semaphore_state_per_name_is_bounded(store: corral.Store, db_path: Path) -> None:
+    backend = store.backend
+    db = backend._db
+    for index in range(30):
+        name = f"{fresh()}-{ODD_NAMES[index % len(ODD_NAMES)]}"
+        assert backend.sem_try_acquire(name, "holder", 60, 2).acquired
+        assert backend.sem_try_acquire(name, "crashed", 0.2, 2).acquired
+        assert not backend.sem_try_acquire(name, "dies", 60, 1, queue_ttl=0.2).acquired
+        assert not backend.sem_try_acquire(name, "dies", 60, 2, queue_ttl=0.2).acquired
+        backend.sem_release(name, "holder", hold_for=0.2 if index % 2 else 0.0)
+    db.register([fresh() for _ in range(30)], b"\0corral-dead-process", 0.2, semaphore=True)
+    assert count_rows(db_path, "corral_sem_slots") == 45
+    assert count_rows(db_path, "corral_sem_queue") == 30
+    assert count_rows(db_path, "corral_sem_waiters") == 30
+    time.sleep(0.5)
+    # COLLECT=8 rows of each table per granted slot: 45 expired slots go in 6.
+    for _ in range(6):
+        name = fresh()
+        assert backend.sem_try_acquire(name, "traffic", 60, 1).acquired
+        assert backend.sem_release(name, "traffic") is Outcome.OK
+    for table in SEM_TABLES:
+        assert count_rows(db_path, table) == 0, table
+
+
+def test_a_name_used_once_leaves_no_semaphore_row(store: corral.Store, db_path: Path) -> None:
+    for _ in range(20):
+        with store.semaphore(fresh(), 3, ttl=60):
+            pass
+    for table in SEM_TABLES:
+        assert count_rows(db_path, table) == 0, table
+
+
+def test_semaphore_tokens_continue_the_lock_counter(store: corral.Store) -> None:
+    lock = store.lock(fresh(), ttl=60)
+    slot = store.semaphore(fresh(), 2, ttl=60)
+    assert lock.acquire() and slot.acquire()
+    assert lock.token is not None and slot.token is not None and slot.token > lock.token
+    again = store.lock(fresh(), ttl=60)
+    assert again.acquire() and again.token is not None and again.token > slot.token
+    for held in (lock, slot, again):
+        held.release()
+
+
+def test_slots_of_an_earlier_boot_are_deleted_by_the_first_acquisition(db_path: Path) -> None:
+    before = SQLiteBackend(str(db_path), machine_clock=OtherBoot())
+    names = [fresh() for _ in range(10)]
+    for name in names:
+        assert before.sem_try_acquire(name, "holder", 3600, 1).acquired
+        assert not before.sem_try_acquire(name, "waiter", 600, 1, queue_ttl=600).acquired
+    before._db.register(names, b"\0corral-earlier", 600, semaphore=True)
+    before.close()
+    with corral.connect(f"sqlite:///{db_path}") as store:
+        # Held "3600 s" with limit 1 in an earlier boot: no slot now, so a new limit holds.
+        assert store.semaphore_info(names[0]) is None
+        slot = store.semaphore(names[0], 5, ttl=60)
+        assert slot.acquire()
+        assert query(db_path, "SELECT owner FROM corral_sem_slots") == [(slot.owner,)]
+        assert count_rows(db_path, "corral_sem_queue") == 0
+        assert count_rows(db_path, "corral_sem_waiters") == 0
+        slot.release()
+
+
+def test_a_file_of_the_previous_layout_gains_the_semaphore_tables(db_path: Path) -> None:
+    url = f"sqlite:///{db_path}"
+    with corral.connect(url) as store:
+        lock = store.lock("report", ttl=60)
+        assert lock.acquire()
+    # The layout before semaphores: the same file without their tables.
+    with contextlib.closing(sqlite3.connect(db_path)) as conn:
+        for table in SEM_TABLES:
+            conn.execute(f"DROP TABLE {table}")
+        conn.commit()
+    schema = query(db_path, "SELECT name FROM sqlite_master ORDER BY name")
+    # `corral status` and semaphore_info read without creating anything.
+    with corral.connect(url) as store:
+        assert store.semaphore_info("report") is None
+        assert not store.semaphore("report", 2).locked()
+    assert query(db_path, "SELECT name FROM sqlite_master ORDER BY name") == schema
+    # The first write creates them; the lock and the counter are as they were.
+    with corral.connect(url) as store:
+        slot = store.semaphore("report", 2, ttl=60)
+        assert slot.acquire()
+        assert slot.token is not None and lock.token is not None and slot.token > lock.token
+        assert store.lock_info("report") is not None
+        slot.release()
+    names = {row[0] for row in query(db_path, "SELECT name FROM sqlite_master")}
+    assert set(SEM_TABLES) <= names
+
+
+def test_inspecting_semaphores_creates_nothing(tmp_path: Path) -> None:
+    missing = tmp_path / "not" / "there" / "locks.db"
+    with corral.connect(f"sqlite:///{missing}") as store:
+        assert store.semaphore_info("report") is None
+        assert not store.semaphore("report", 2).locked()
+    assert not (tmp_path / "not").exists()
+    path = tmp_path / "empty.db"
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("CREATE TABLE other (x)")
+        conn.commit()
+    with corral.connect(f"sqlite:///{path}") as store:
+        assert store.semaphore_info("report") is None
+    assert query(path, "SELECT name FROM sqlite_master") == [("other",)]

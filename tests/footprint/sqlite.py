@@ -1,7 +1,8 @@
 """sqlite://: every row in corral's tables of the store's file, read with a connection of our own.
 
-per_held=1: a held lock is one row of the locks table (its fair queue empties as
-waiters are served, and wake-up registrations belong to waiters, not to holders).
+per_held=1: a held lock is one row of the locks table, a held semaphore slot one
+row of the slots table (fair queues empty as waiters are served, and wake-up
+registrations belong to waiters, not to holders).
 constant=1: the token counter's one row, created with the file's first
 acquisition; nothing else is kept per store.
 """
@@ -16,7 +17,16 @@ from typing import Any
 from corral.backends.sqlite_sql import DEFAULT_TABLE_PREFIX, parse_url
 from tests.footprint import register
 
-TABLES = ("locks", "queue", "waiters", "sequence", "fences")
+TABLES = (
+    "locks",
+    "queue",
+    "waiters",
+    "sequence",
+    "fences",
+    "sem_slots",
+    "sem_queue",
+    "sem_waiters",
+)
 
 
 @register("sqlite", per_held=1, constant=1)

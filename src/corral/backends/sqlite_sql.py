@@ -47,6 +47,24 @@ the holder (one index probe, empty in the common case); if the queue has
 places, it drops the expired ones and yields to a live head that is someone
 else. A waiter that died stalls the queue only until its place expires.
 
+**Semaphores.** A semaphore's slots are rows of their own table
+(`sem_slots`, one row per slot: owner, token, the limit it was taken with,
+expiry), with a queue and wake-up registrations shaped as the lock's, so a
+lock and a semaphore may share a name. Each primitive is one `BEGIN
+IMMEDIATE` transaction, as for locks: an attempt counts the name's live
+slots, refuses a disagreeing limit (the oldest live slot's is the
+semaphore's), and inserts the slot with the next token of the store's one
+counter, so tokens increase across slots, semaphores and locks alike. A
+fair attempt (or one that waited long) keeps a place in the queue and takes
+a slot only while fewer live places are ahead of it than slots are free;
+an attempt without a place counts every live place as ahead. A release
+deletes its row (`hold_for` keeps it, ownerless, until it expires); rows
+that expire instead, dead waiters' places and dead processes' registrations
+are found through an index on expiry and deleted `COLLECT` at a time by
+every granted slot and every registration for semaphores. A file made by an
+earlier version gains these tables with its next write; a read of one that
+lacks them (`corral status`) answers "no slot taken" and creates nothing.
+
 **Migration.** Stores made before the token counter kept one row per name in
 a `fences` table. Opening one for writing starts the counter above every
 token in `fences` and `locks` (so no token goes backwards), empties `fences`,
@@ -99,7 +117,7 @@ from typing import TypeVar
 from corral.backends.sqlite_connection import Busy, Closed, Connection, is_busy
 from corral.backends.sqlite_wake import Ringer, wake_up_payload
 from corral.core.options import Option, merge_options
-from corral.core.primitives import Attempt, LockInfo, Outcome
+from corral.core.primitives import Attempt, LockInfo, Outcome, SemaphoreInfo
 from corral.core.validate import check_timeout
 from corral.errors import BackendError, BackendUnavailable, ConfigError
 
@@ -263,6 +281,9 @@ class _Statements:
     def __init__(self, prefix: str, *, boot_known: bool) -> None:
         locks, queue, waiters = f"{prefix}locks", f"{prefix}queue", f"{prefix}waiters"
         sequence, fences = f"{prefix}sequence", f"{prefix}fences"
+        # Semaphores have tables of their own: a lock and a semaphore may share a name.
+        slots, sem_queue = f"{prefix}sem_slots", f"{prefix}sem_queue"
+        sem_waiters = f"{prefix}sem_waiters"
         self.sequence = sequence
         self.fences_guard = f"{prefix}fences_retired"
         # `expires_at` is a MachineClock reading, meaningful only in the boot `boot`;
@@ -301,6 +322,13 @@ class _Statements:
             sequence,
             fences,
             self.fences_guard,
+            slots,
+            f"{slots}_expiry",
+            sem_queue,
+            f"{sem_queue}_order",
+            f"{sem_queue}_expiry",
+            sem_waiters,
+            f"{sem_waiters}_expiry",
         )
         self.schema = (
             # `name` is declared TEXT, but a name that is not plain text is a BLOB
@@ -359,6 +387,37 @@ class _Statements:
             f"UPDATE {sequence} SET last = MAX(last,"
             f" (SELECT COALESCE(MAX(token), 0) FROM {fences}))",
             f"DELETE FROM {fences}",
+            # A semaphore's slots, one row each (see "Semaphores"); `slot_limit` is the
+            # limit the holder took it with. Its queue and wake-up registrations are
+            # shaped as the lock's.
+            f"CREATE TABLE IF NOT EXISTS {slots} ("
+            " name TEXT NOT NULL,"
+            " token INTEGER NOT NULL,"
+            " owner TEXT,"  # NULL while kept closed by release(hold_for=...)
+            " slot_limit INTEGER NOT NULL,"
+            " expires_at REAL NOT NULL,"
+            " boot TEXT NOT NULL,"
+            " PRIMARY KEY (name, token)"
+            ") WITHOUT ROWID",
+            f"CREATE INDEX IF NOT EXISTS {slots}_expiry ON {slots} (boot, expires_at)",
+            f"CREATE TABLE IF NOT EXISTS {sem_queue} ("
+            " name TEXT NOT NULL,"
+            " owner TEXT NOT NULL,"
+            " seq INTEGER NOT NULL,"
+            " expires_at REAL NOT NULL,"
+            " boot TEXT NOT NULL,"
+            " PRIMARY KEY (name, owner)"
+            ") WITHOUT ROWID",
+            f"CREATE INDEX IF NOT EXISTS {sem_queue}_order ON {sem_queue} (name, seq)",
+            f"CREATE INDEX IF NOT EXISTS {sem_queue}_expiry ON {sem_queue} (boot, expires_at)",
+            f"CREATE TABLE IF NOT EXISTS {sem_waiters} ("
+            " name TEXT NOT NULL,"
+            " address BLOB NOT NULL,"
+            " expires_at REAL NOT NULL,"
+            " boot TEXT NOT NULL,"
+            " PRIMARY KEY (name, address)"
+            ") WITHOUT ROWID",
+            f"CREATE INDEX IF NOT EXISTS {sem_waiters}_expiry ON {sem_waiters} (boot, expires_at)",
         )
 
         self.live_lock = (
@@ -435,8 +494,76 @@ class _Statements:
         # Only a process that knows this boot may judge another boot's rows dead.
         self.forget_earlier_boots = tuple(
             f"DELETE FROM {table} WHERE boot NOT IN (:boot, '')"
-            for table in (locks, queue, waiters)
+            for table in (locks, queue, waiters, slots, sem_queue, sem_waiters)
             if boot_known
+        )
+
+        # -- semaphores (see "Semaphores") --
+        mine = "name = :name AND owner = :owner"
+        # One read decides an attempt: how many slots are live, the soonest to free, the
+        # limit they were taken with (the oldest's; all agree), the counter, the file's
+        # boot, and whether a slot, queue place or registration has expired anywhere.
+        self.sem_probe = (
+            f"SELECT s.taken, s.soonest, s.slot_limit, last, boot,"
+            f" {expired(slots)} OR {expired(sem_queue)} OR {expired(sem_waiters)}"
+            f" FROM {sequence},"
+            f" (SELECT count(*) AS taken, min(expires_at) AS soonest,"
+            f" (SELECT slot_limit FROM {slots} WHERE name = :name AND {live}"
+            f" ORDER BY token LIMIT 1) AS slot_limit"
+            f" FROM {slots} WHERE name = :name AND {live}) AS s"
+            " WHERE id = 0"
+        )
+        # What is left of a name once a slot is gone: how many are live, and their limit.
+        self.sem_standing = (
+            f"SELECT count(*), min(slot_limit) FROM {slots} WHERE name = :name AND {live}"
+        )
+        self.sem_next_token = f"UPDATE {sequence} SET last = :token, boot = :file_boot WHERE id = 0"
+        self.sem_take = (
+            f"INSERT INTO {slots} (name, token, owner, slot_limit, expires_at, boot)"
+            " VALUES (:name, :token, :owner, :limit, :expires_at, :boot)"
+        )
+        self.sem_delete_mine = f"DELETE FROM {slots} WHERE {mine} AND {live}"
+        self.sem_close_mine = (
+            f"UPDATE {slots} SET owner = NULL, expires_at = :expires_at WHERE {mine} AND {live}"
+        )
+        self.sem_extend_mine = (
+            f"UPDATE {slots} SET expires_at = :expires_at WHERE {mine} AND {live}"
+        )
+        self.sem_holders = (
+            f"SELECT owner, token, expires_at, slot_limit FROM {slots}"
+            f" WHERE name = :name AND {live} ORDER BY token"
+        )
+        self.sem_delete_all = f"DELETE FROM {slots} WHERE name = :name"
+        self.sem_purge_queue = f"DELETE FROM {sem_queue} WHERE name = :name AND {dead}"
+        self.sem_refresh_place = f"UPDATE {sem_queue} SET expires_at = :expires_at WHERE {mine}"
+        self.sem_join_queue = (
+            f"INSERT INTO {sem_queue} (name, owner, seq, expires_at, boot)"
+            " SELECT :name, :owner, COALESCE(MAX(seq), 0) + 1, :expires_at, :boot"
+            f" FROM {sem_queue} WHERE name = :name"
+        )
+        self.sem_queued = f"SELECT EXISTS (SELECT 1 FROM {sem_queue} WHERE name = :name)"
+        # Live places ahead of the owner's, or every live place when it has none.
+        self.sem_ahead = (
+            f"SELECT count(*) FROM {sem_queue} WHERE name = :name AND {live}"
+            f" AND seq < COALESCE((SELECT seq FROM {sem_queue} WHERE {mine}), 1 << 62)"
+        )
+        self.sem_leave_queue = f"DELETE FROM {sem_queue} WHERE {mine}"
+        self.sem_listeners = f"SELECT address FROM {sem_waiters} WHERE name = :name AND {live}"
+        self.sem_register = (
+            f"INSERT OR REPLACE INTO {sem_waiters} (name, address, expires_at, boot)"
+            " VALUES (:name, :address, :expires_at, :boot)"
+        )
+        self.sem_forget_listener = (
+            f"DELETE FROM {sem_waiters} WHERE name = :name AND address = :address"
+        )
+        self.sem_collect = tuple(
+            f"DELETE FROM {table} WHERE ({key}) IN"
+            f" (SELECT {key} FROM {table} WHERE {collectable} LIMIT {COLLECT})"
+            for table, key in (
+                (slots, "name, token"),
+                (sem_queue, "name, owner"),
+                (sem_waiters, "name, address"),
+            )
         )
 
 
@@ -455,6 +582,7 @@ class _WakeUps:
     key: str | bytes
     addresses: list[bytes]
     head: str | None
+    semaphore: bool = False
 
 
 class SQLiteLocks:
@@ -471,7 +599,7 @@ class SQLiteLocks:
         # Registrations whose socket was found gone, deleted by the next write. No lock
         # (one held by a parent thread at a fork would hang the child): an entry lost
         # to a race only leaves its registration to expire.
-        self._gone: list[tuple[str | bytes, bytes]] = []
+        self._gone: list[tuple[bool, str | bytes, bytes]] = []
 
     def _params(self, key: str | bytes, owner: str, now: float) -> dict[str, object]:
         return {"name": key, "owner": owner, "boot": self.clock.boot_id, "now": now}
@@ -508,9 +636,9 @@ class SQLiteLocks:
     # -- transactions and errors -------------------------------------------------
 
     @contextlib.contextmanager
-    def _errors(self, name: str) -> Iterator[None]:
+    def _errors(self, name: str, kind: str = "lock") -> Iterator[None]:
         """SQLite's and the OS's errors as corral's, naming the lock, the file and a remedy."""
-        where = f"lock {name!r} on {self.server}"
+        where = f"{kind} {name!r} on {self.server}"
         try:
             yield
         except Closed:
@@ -549,7 +677,12 @@ class SQLiteLocks:
                 "point the URL at another file, or move this one away"
             ) from exc
 
-    def _write(self, name: str, body: Callable[[sqlite3.Connection, list[_WakeUps]], T]) -> T:
+    def _write(
+        self,
+        name: str,
+        body: Callable[[sqlite3.Connection, list[_WakeUps]], T],
+        kind: str = "lock",
+    ) -> T:
         """Run `body` as one `BEGIN IMMEDIATE` transaction: the whole primitive is atomic.
 
         The wake-ups `body` asks for are sent after the COMMIT (a waiter woken
@@ -557,7 +690,7 @@ class SQLiteLocks:
         handed back.
         """
         wake_ups: list[_WakeUps] = []
-        with self._errors(name), self._connection.lend(write=True) as conn:
+        with self._errors(name, kind), self._connection.lend(write=True) as conn:
             assert conn is not None
             conn.execute("BEGIN IMMEDIATE")
             self._forget_gone(conn)
@@ -578,20 +711,27 @@ class SQLiteLocks:
         return _WakeUps(name, key, addresses, None if head is None else head[0])
 
     def _ring(self, wake_up: _WakeUps) -> None:
-        gone = self._ringer.ring(wake_up.addresses, wake_up_payload(wake_up.name, wake_up.head))
+        payload = wake_up_payload(wake_up.name, wake_up.head, semaphore=wake_up.semaphore)
+        gone = self._ringer.ring(wake_up.addresses, payload)
         if gone and len(self._gone) < 256:  # bounded; expiry cleans up the rest
-            self._gone.extend([(wake_up.key, address) for address in gone])
+            self._gone.extend([(wake_up.semaphore, wake_up.key, address) for address in gone])
 
     def _forget_gone(self, conn: sqlite3.Connection) -> None:
         if not self._gone:
             return
         gone, self._gone = self._gone, []
-        conn.executemany(
-            self._sql.forget_listener, [{"name": key, "address": addr} for key, addr in gone]
-        )
+        for semaphore, statement in (
+            (False, self._sql.forget_listener),
+            (True, self._sql.sem_forget_listener),
+        ):
+            rows = [{"name": key, "address": addr} for sem, key, addr in gone if sem is semaphore]
+            if rows:
+                conn.executemany(statement, rows)
 
-    def _collect(self, conn: sqlite3.Connection, p: dict[str, object]) -> None:
-        for statement in self._sql.collect:
+    def _collect(
+        self, conn: sqlite3.Connection, p: dict[str, object], *, semaphore: bool = False
+    ) -> None:
+        for statement in self._sql.sem_collect if semaphore else self._sql.collect:
             conn.execute(statement, p)
 
     # -- the primitives -----------------------------------------------------------
@@ -731,12 +871,159 @@ class SQLiteLocks:
 
         return self._write(name, leave)
 
-    def register(self, names: Sequence[str], address: bytes, ttl: float) -> tuple[float, float]:
+    # -- semaphores ---------------------------------------------------------------
+
+    def sem_try_acquire(
+        self, name: str, owner: str, ttl: float, limit: int, queue_ttl: float | None
+    ) -> Attempt:
+        sql = self._sql
+        key = stored_name(name)
+
+        def attempt(conn: sqlite3.Connection, _: list[_WakeUps]) -> Attempt:
+            now = self.clock.now()
+            p = self._params(key, owner, now)
+            row = conn.execute(sql.sem_probe, p).fetchone()
+            if row is None:
+                raise _NoCounter
+            taken, soonest, held_with, last, boot, any_expired = row
+            if held_with is not None and held_with != limit:
+                return Attempt(False, limit=held_with)
+            if queue_ttl is not None:
+                conn.execute(sql.sem_purge_queue, p)
+                place = {**p, "expires_at": now + queue_ttl}
+                if conn.execute(sql.sem_refresh_place, place).rowcount == 0:
+                    conn.execute(sql.sem_join_queue, place)
+            if taken >= limit:
+                return Attempt(False, holder_ttl=soonest - now)
+            if conn.execute(sql.sem_queued, p).fetchone()[0]:
+                if queue_ttl is None:
+                    conn.execute(sql.sem_purge_queue, p)
+                # The free slots go to the live places first, in arrival order; an
+                # attempt without a place comes after all of them.
+                if conn.execute(sql.sem_ahead, p).fetchone()[0] >= limit - taken:
+                    return Attempt(False)
+                conn.execute(sql.sem_leave_queue, p)
+            token = last + 1
+            if boot != self.clock.boot_id and self.clock.boot_id:
+                for statement in sql.forget_earlier_boots:
+                    conn.execute(statement, p)
+                boot = self.clock.boot_id
+            conn.execute(sql.sem_next_token, {"token": token, "file_boot": boot})
+            slot = {**p, "token": token, "limit": limit, "expires_at": now + ttl}
+            conn.execute(sql.sem_take, slot)
+            if any_expired:
+                self._collect(conn, p, semaphore=True)
+            return Attempt(True, token=token)
+
+        return self._write(name, attempt, "semaphore")
+
+    def sem_release(self, name: str, owner: str, hold_for: float) -> Outcome:
+        sql = self._sql
+        key = stored_name(name)
+
+        def release(conn: sqlite3.Connection, wake_ups: list[_WakeUps]) -> Outcome:
+            now = self.clock.now()
+            p = self._params(key, owner, now)
+            if hold_for > 0:
+                changed = conn.execute(sql.sem_close_mine, {**p, "expires_at": now + hold_for})
+            else:
+                changed = conn.execute(sql.sem_delete_mine, p)
+            if not changed.rowcount:
+                return self._slot_gone(conn, p)
+            if hold_for <= 0:
+                self._add(wake_ups, self._sem_wake_ups(conn, name, key, p))
+            return Outcome.OK
+
+        return self._write(name, release, "semaphore")
+
+    def sem_extend(self, name: str, owner: str, ttl: float) -> Outcome:
+        key = stored_name(name)
+
+        def extend(conn: sqlite3.Connection, _: list[_WakeUps]) -> Outcome:
+            now = self.clock.now()
+            p = self._params(key, owner, now)
+            changed = conn.execute(self._sql.sem_extend_mine, {**p, "expires_at": now + ttl})
+            return Outcome.OK if changed.rowcount else self._slot_gone(conn, p)
+
+        return self._write(name, extend, "semaphore")
+
+    def _slot_gone(self, conn: sqlite3.Connection, params: dict[str, object]) -> Outcome:
+        # Same transaction as the failed compare: LOST when every slot is taken now.
+        taken, limit = conn.execute(self._sql.sem_standing, params).fetchone()
+        return Outcome.LOST if limit is not None and taken >= limit else Outcome.EXPIRED
+
+    def _sem_wake_ups(
+        self, conn: sqlite3.Connection, name: str, key: str | bytes, p: dict[str, object]
+    ) -> _WakeUps | None:
+        """Who waits for slots of `name`: all of them, since several may fit now."""
+        addresses = [row[0] for row in conn.execute(self._sql.sem_listeners, p)]
+        if not addresses:
+            return None
+        return _WakeUps(name, key, addresses, None, semaphore=True)
+
+    def sem_inspect(self, name: str) -> SemaphoreInfo | None:
+        # A plain read that creates nothing, as `inspect`.
+        with self._errors(name, "semaphore"), self._connection.lend(write=False) as conn:
+            if conn is None:
+                return None
+            now = self.clock.now()
+            try:
+                rows = conn.execute(
+                    self._sql.sem_holders, self._params(stored_name(name), "", now)
+                ).fetchall()
+            except sqlite3.OperationalError as exc:
+                if "no such table" in str(exc):
+                    return None  # no semaphore was ever taken in this file with this prefix
+                raise
+        if not rows:
+            return None
+        holders = tuple(
+            LockInfo(name, owner, token, expires_at - now) for owner, token, expires_at, _ in rows
+        )
+        return SemaphoreInfo(name, rows[0][3], holders)
+
+    def sem_force_release(self, name: str) -> int:
+        key = stored_name(name)
+
+        def force(conn: sqlite3.Connection, wake_ups: list[_WakeUps]) -> int:
+            p = self._params(key, "", self.clock.now())
+            taken = conn.execute(self._sql.sem_standing, p).fetchone()[0]
+            conn.execute(self._sql.sem_delete_all, p)
+            if taken:
+                self._add(wake_ups, self._sem_wake_ups(conn, name, key, p))
+            return int(taken)
+
+        return self._write(name, force, "semaphore")
+
+    def sem_leave_queue(self, name: str, owner: str) -> bool:
+        """Leave the queue; True when a waiter behind the caller may take a slot now."""
+        sql = self._sql
+        key = stored_name(name)
+
+        def leave(conn: sqlite3.Connection, wake_ups: list[_WakeUps]) -> bool:
+            p = self._params(key, owner, self.clock.now())
+            ahead = conn.execute(sql.sem_ahead, p).fetchone()[0]
+            if conn.execute(sql.sem_leave_queue, p).rowcount == 0:
+                return False
+            taken, limit = conn.execute(sql.sem_standing, p).fetchone()
+            # The caller was among those the free slots let in: the next one is now.
+            let_in = limit is None or ahead < limit - taken
+            if let_in:
+                self._add(wake_ups, self._sem_wake_ups(conn, name, key, p))
+            return let_in
+
+        return self._write(name, leave, "semaphore")
+
+    def register(
+        self, names: Sequence[str], address: bytes, ttl: float, *, semaphore: bool = False
+    ) -> tuple[float, float]:
         """Have releases of `names` send a datagram to `address` for `ttl` seconds.
 
+        With `semaphore`, the names are semaphores' (slot releases ring them).
         Returns the machine-clock reading taken in the transaction and the
         registrations' new expiry, so the caller knows whether one had lapsed.
         """
+        statement = self._sql.sem_register if semaphore else self._sql.register
 
         def register(conn: sqlite3.Connection, _: list[_WakeUps]) -> tuple[float, float]:
             now = self.clock.now()
@@ -750,11 +1037,12 @@ class SQLiteLocks:
                 }
                 for name in names
             ]
-            conn.executemany(self._sql.register, rows)
-            self._collect(conn, self._params("", "", now))
+            conn.executemany(statement, rows)
+            self._collect(conn, self._params("", "", now), semaphore=semaphore)
             return now, expires_at
 
-        return self._write(names[0] if names else "", register)
+        kind = "semaphore" if semaphore else "lock"
+        return self._write(names[0] if names else "", register, kind)
 
     def close(self) -> None:
         self._connection.close()

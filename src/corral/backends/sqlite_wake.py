@@ -43,7 +43,11 @@ goes missing without its waiters re-attempting.
 **What a datagram says.** One version byte, the 16-byte BLAKE2b digest of
 the lock name (names are any `str`, up to megabytes, and a datagram must
 stay small), and for a fair lock the digest of the queue's head, so only
-that waiter re-attempts; everyone else would only find the lock taken.
+that waiter re-attempts; everyone else would only find the lock taken. A
+semaphore's name is digested in a domain of its own, so a lock and a
+semaphore that share a name never wake each other's waiters; a freed slot
+names no head (several waiters may now fit), so every waiter of that
+semaphore re-attempts.
 A stray datagram, or one for a name nobody here waits on, only wakes a
 waiter early: it re-attempts and waits again.
 """
@@ -73,18 +77,28 @@ MAX_DATAGRAM = 1 + 2 * DIGEST_SIZE
 # Read at most this many datagrams per pass, so a flood cannot keep the listener reading.
 MAX_PER_PASS = 1024
 _QLEN_FILE = "/proc/sys/net/unix/max_dgram_qlen"
+# BLAKE2b's personalization for semaphore names (at most 16 bytes).
+_SEMAPHORE_DOMAIN = b"corral-semaphore"
 # Errors that say nobody is at an address any more (its registration can go).
 _GONE = frozenset({errno.ECONNREFUSED, errno.ENOENT, errno.ENOTSOCK, errno.EPROTOTYPE})
 
 
-def digest(text: str) -> bytes:
-    """A short, fixed-size stand-in for a lock name or an owner, any `str` included."""
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=DIGEST_SIZE).digest()
+def digest(text: str, *, semaphore: bool = False) -> bytes:
+    """A short, fixed-size stand-in for a lock name or an owner, any `str` included.
+
+    A semaphore's name is hashed in a domain of its own (BLAKE2b's personalization),
+    so the wake-ups of semaphore "x" and of lock "x" never meet.
+    """
+    return hashlib.blake2b(
+        text.encode("utf-8", "surrogatepass"),
+        digest_size=DIGEST_SIZE,
+        person=_SEMAPHORE_DOMAIN if semaphore else b"",
+    ).digest()
 
 
-def wake_up_payload(name: str, head: str | None) -> bytes:
+def wake_up_payload(name: str, head: str | None, *, semaphore: bool = False) -> bytes:
     """The datagram for a release of `name`; `head` is the fair queue's live head, if any."""
-    return VERSION + digest(name) + (b"" if head is None else digest(head))
+    return VERSION + digest(name, semaphore=semaphore) + (b"" if head is None else digest(head))
 
 
 class WakeUp:

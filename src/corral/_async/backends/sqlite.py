@@ -34,6 +34,7 @@ socket of its own, and the child's copy of the parent's is closed at the fork.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -56,7 +57,7 @@ from corral.backends.sqlite_wake import Doorbell, WakeUp, digest
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock
 from corral.core.options import Option
-from corral.core.primitives import Attempt, LockInfo, Outcome
+from corral.core.primitives import Attempt, LockInfo, Outcome, SemaphoreInfo
 from corral.errors import BackendError, ConfigError
 
 __all__ = ["AsyncSQLiteBackend"]
@@ -75,9 +76,11 @@ LISTEN_POLL = 1.0
 
 @dataclass(slots=True)
 class _Name:
-    """One lock name this process waits on: its waiters and its registration."""
+    """One lock or semaphore name this process waits on: its waiters and its registration."""
 
     name: str
+    semaphore: bool
+    """A semaphore's name: registered in the semaphores' table, keyed by its own digest."""
     events: dict[Event, bytes | None] = field(default_factory=dict)
     """Each waiter's event, with the digest of the owner it waits as (fair locks) or None."""
     registered_until: float = 0.0
@@ -108,13 +111,18 @@ class AsyncWakeFeed:
     def usable(self) -> bool:
         return self.failure is None and not self.closed and self.pid == os.getpid()
 
-    async def join(self, name: str, key: bytes, event: Event, owner: str | None) -> None:
-        """Have `event` set on every wake-up for `name`; return once registered for it."""
+    async def join(
+        self, name: str, key: bytes, event: Event, owner: str | None, *, semaphore: bool = False
+    ) -> None:
+        """Have `event` set on every wake-up for `name`; return once registered for it.
+
+        `key` is the name's digest (in the semaphores' domain for a semaphore).
+        """
         with self._mutex:
             self._raise_if_unusable(name)
             entry = self._names.get(key)
             if entry is None:
-                entry = self._names[key] = _Name(name)
+                entry = self._names[key] = _Name(name, semaphore)
             entry.events[event] = None if owner is None else digest(owner)
             bell = self._bell
             if bell is None:
@@ -124,7 +132,12 @@ class AsyncWakeFeed:
             if entry.registered_until - self._db.clock.now() > REUSE_ABOVE:
                 return  # registered, and committed, by an earlier waiter
         try:
-            _, until = await run_sync(self._db.register, [name], bell.address, REGISTRATION_TTL)
+            _, until = await run_sync(
+                functools.partial(self._db.register, semaphore=semaphore),
+                [name],
+                bell.address,
+                REGISTRATION_TTL,
+            )
         except BaseException:
             self.leave(key, event)
             raise
@@ -202,12 +215,20 @@ class AsyncWakeFeed:
                 for entry in self._names.values()
                 if entry.events and entry.registered_until - now < RENEW_BELOW
             ]
-        if not due:
-            return
+        for semaphore in (False, True):
+            kind = [entry for entry in due if entry.semaphore is semaphore]
+            if kind:
+                await self._renew_kind(kind, semaphore)
+
+    async def _renew_kind(self, due: list[_Name], semaphore: bool) -> None:
         names = [entry.name for entry in due]
+        assert self._bell is not None
         try:
             written_at, until = await run_sync(
-                self._db.register, names, self._bell.address, REGISTRATION_TTL
+                functools.partial(self._db.register, semaphore=semaphore),
+                names,
+                self._bell.address,
+                REGISTRATION_TTL,
             )
         except BackendError as exc:
             log.debug("could not renew wake-up registrations on %s (%s)", self._db.server, exc)
@@ -303,15 +324,22 @@ if hasattr(os, "register_at_fork"):
 
 
 class AsyncSQLiteWaiter(AsyncSubscribingWaiter):
-    """Hears releases from every process on the machine through the backend's feed."""
+    """Hears releases from every process on the machine through the backend's feed.
 
-    def __init__(self, backend: AsyncSQLiteBackend, name: str) -> None:
-        super().__init__(backend.local_bus, name)
+    With `semaphore`, the slot releases of the semaphore `name` (whose wake-ups
+    are apart from those of the lock `name`).
+    """
+
+    def __init__(self, backend: AsyncSQLiteBackend, name: str, *, semaphore: bool = False) -> None:
+        super().__init__(backend.semaphore_bus if semaphore else backend.local_bus, name)
         self._backend = backend
-        self._key = digest(name)
+        self._semaphore = semaphore
+        self._key = digest(name, semaphore=semaphore)
 
     async def _join(self) -> Feed:
-        return await self._backend._subscribe(self._name, self._key, self._event, self.owner)
+        return await self._backend._subscribe(
+            self._name, self._key, self._event, self.owner, semaphore=self._semaphore
+        )
 
     async def _leave(self, feed: Feed) -> None:
         assert isinstance(feed, AsyncWakeFeed)
@@ -356,6 +384,10 @@ class AsyncSQLiteBackend(AsyncBackend):
             "waiters' queue places and dead processes' wake-up registrations are deleted by "
             "later acquisitions, 8 of each per acquisition; the file keeps one row for the "
             "token counter"
+        ),
+        semaphores=(
+            "one row per slot in the file, with its owner, token, limit and expiry, "
+            "checked and taken in one write transaction"
         ),
     )
     url_options: ClassVar[tuple[Option, ...]] = URL_OPTIONS
@@ -425,10 +457,48 @@ class AsyncSQLiteBackend(AsyncBackend):
         if await run_sync(self._db.leave_queue, name, owner):
             self.local_bus.notify(name)
 
+    # -- semaphores -----------------------------------------------------------------
+
+    async def sem_try_acquire(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        limit: int,
+        *,
+        queue_ttl: float | None = None,
+    ) -> Attempt:
+        return await run_sync(self._db.sem_try_acquire, name, owner, ttl, limit, queue_ttl)
+
+    async def sem_release(self, name: str, owner: str, hold_for: float = 0.0) -> Outcome:
+        outcome = await run_sync(self._db.sem_release, name, owner, hold_for)
+        if outcome is Outcome.OK and hold_for <= 0:
+            self.semaphore_bus.notify(name)
+        return outcome
+
+    async def sem_extend(self, name: str, owner: str, ttl: float) -> Outcome:
+        return await run_sync(self._db.sem_extend, name, owner, ttl)
+
+    async def sem_inspect(self, name: str) -> SemaphoreInfo | None:
+        return await run_sync(self._db.sem_inspect, name)
+
+    async def sem_force_release(self, name: str) -> int:
+        released = await run_sync(self._db.sem_force_release, name)
+        if released:
+            self.semaphore_bus.notify(name)
+        return released
+
+    async def sem_leave_queue(self, name: str, owner: str) -> None:
+        if await run_sync(self._db.sem_leave_queue, name, owner):
+            self.semaphore_bus.notify(name)
+
     # -- wake-ups -------------------------------------------------------------------
 
     def waiter(self, name: str) -> AsyncSQLiteWaiter:
         return AsyncSQLiteWaiter(self, name)
+
+    def sem_waiter(self, name: str) -> AsyncSQLiteWaiter:
+        return AsyncSQLiteWaiter(self, name, semaphore=True)
 
     def _current_feed(self, name: str) -> AsyncWakeFeed:
         with self._mutex:
@@ -442,10 +512,10 @@ class AsyncSQLiteBackend(AsyncBackend):
             return feed
 
     async def _subscribe(
-        self, name: str, key: bytes, event: Event, owner: str | None
+        self, name: str, key: bytes, event: Event, owner: str | None, *, semaphore: bool = False
     ) -> AsyncWakeFeed:
         feed = self._current_feed(name)
-        await feed.join(name, key, event, owner)
+        await feed.join(name, key, event, owner, semaphore=semaphore)
         return feed
 
     async def aclose(self) -> None:

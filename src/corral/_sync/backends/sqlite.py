@@ -36,6 +36,7 @@ socket of its own, and the child's copy of the parent's is closed at the fork.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -58,7 +59,7 @@ from corral.backends.sqlite_wake import Doorbell, WakeUp, digest
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock
 from corral.core.options import Option
-from corral.core.primitives import Attempt, LockInfo, Outcome
+from corral.core.primitives import Attempt, LockInfo, Outcome, SemaphoreInfo
 from corral.errors import BackendError, ConfigError
 
 __all__ = ["SQLiteBackend"]
@@ -77,9 +78,11 @@ LISTEN_POLL = 1.0
 
 @dataclass(slots=True)
 class _Name:
-    """One lock name this process waits on: its waiters and its registration."""
+    """One lock or semaphore name this process waits on: its waiters and its registration."""
 
     name: str
+    semaphore: bool
+    """A semaphore's name: registered in the semaphores' table, keyed by its own digest."""
     events: dict[Event, bytes | None] = field(default_factory=dict)
     """Each waiter's event, with the digest of the owner it waits as (fair locks) or None."""
     registered_until: float = 0.0
@@ -110,13 +113,18 @@ class WakeFeed:
     def usable(self) -> bool:
         return self.failure is None and not self.closed and self.pid == os.getpid()
 
-    def join(self, name: str, key: bytes, event: Event, owner: str | None) -> None:
-        """Have `event` set on every wake-up for `name`; return once registered for it."""
+    def join(
+        self, name: str, key: bytes, event: Event, owner: str | None, *, semaphore: bool = False
+    ) -> None:
+        """Have `event` set on every wake-up for `name`; return once registered for it.
+
+        `key` is the name's digest (in the semaphores' domain for a semaphore).
+        """
         with self._mutex:
             self._raise_if_unusable(name)
             entry = self._names.get(key)
             if entry is None:
-                entry = self._names[key] = _Name(name)
+                entry = self._names[key] = _Name(name, semaphore)
             entry.events[event] = None if owner is None else digest(owner)
             bell = self._bell
             if bell is None:
@@ -126,7 +134,12 @@ class WakeFeed:
             if entry.registered_until - self._db.clock.now() > REUSE_ABOVE:
                 return  # registered, and committed, by an earlier waiter
         try:
-            _, until = run_sync(self._db.register, [name], bell.address, REGISTRATION_TTL)
+            _, until = run_sync(
+                functools.partial(self._db.register, semaphore=semaphore),
+                [name],
+                bell.address,
+                REGISTRATION_TTL,
+            )
         except BaseException:
             self.leave(key, event)
             raise
@@ -204,12 +217,20 @@ class WakeFeed:
                 for entry in self._names.values()
                 if entry.events and entry.registered_until - now < RENEW_BELOW
             ]
-        if not due:
-            return
+        for semaphore in (False, True):
+            kind = [entry for entry in due if entry.semaphore is semaphore]
+            if kind:
+                self._renew_kind(kind, semaphore)
+
+    def _renew_kind(self, due: list[_Name], semaphore: bool) -> None:
         names = [entry.name for entry in due]
+        assert self._bell is not None
         try:
             written_at, until = run_sync(
-                self._db.register, names, self._bell.address, REGISTRATION_TTL
+                functools.partial(self._db.register, semaphore=semaphore),
+                names,
+                self._bell.address,
+                REGISTRATION_TTL,
             )
         except BackendError as exc:
             log.debug("could not renew wake-up registrations on %s (%s)", self._db.server, exc)
@@ -305,15 +326,22 @@ if hasattr(os, "register_at_fork"):
 
 
 class SQLiteWaiter(SubscribingWaiter):
-    """Hears releases from every process on the machine through the backend's feed."""
+    """Hears releases from every process on the machine through the backend's feed.
 
-    def __init__(self, backend: SQLiteBackend, name: str) -> None:
-        super().__init__(backend.local_bus, name)
+    With `semaphore`, the slot releases of the semaphore `name` (whose wake-ups
+    are apart from those of the lock `name`).
+    """
+
+    def __init__(self, backend: SQLiteBackend, name: str, *, semaphore: bool = False) -> None:
+        super().__init__(backend.semaphore_bus if semaphore else backend.local_bus, name)
         self._backend = backend
-        self._key = digest(name)
+        self._semaphore = semaphore
+        self._key = digest(name, semaphore=semaphore)
 
     def _join(self) -> Feed:
-        return self._backend._subscribe(self._name, self._key, self._event, self.owner)
+        return self._backend._subscribe(
+            self._name, self._key, self._event, self.owner, semaphore=self._semaphore
+        )
 
     def _leave(self, feed: Feed) -> None:
         assert isinstance(feed, WakeFeed)
@@ -358,6 +386,10 @@ class SQLiteBackend(Backend):
             "waiters' queue places and dead processes' wake-up registrations are deleted by "
             "later acquisitions, 8 of each per acquisition; the file keeps one row for the "
             "token counter"
+        ),
+        semaphores=(
+            "one row per slot in the file, with its owner, token, limit and expiry, "
+            "checked and taken in one write transaction"
         ),
     )
     url_options: ClassVar[tuple[Option, ...]] = URL_OPTIONS
@@ -427,10 +459,48 @@ class SQLiteBackend(Backend):
         if run_sync(self._db.leave_queue, name, owner):
             self.local_bus.notify(name)
 
+    # -- semaphores -----------------------------------------------------------------
+
+    def sem_try_acquire(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        limit: int,
+        *,
+        queue_ttl: float | None = None,
+    ) -> Attempt:
+        return run_sync(self._db.sem_try_acquire, name, owner, ttl, limit, queue_ttl)
+
+    def sem_release(self, name: str, owner: str, hold_for: float = 0.0) -> Outcome:
+        outcome = run_sync(self._db.sem_release, name, owner, hold_for)
+        if outcome is Outcome.OK and hold_for <= 0:
+            self.semaphore_bus.notify(name)
+        return outcome
+
+    def sem_extend(self, name: str, owner: str, ttl: float) -> Outcome:
+        return run_sync(self._db.sem_extend, name, owner, ttl)
+
+    def sem_inspect(self, name: str) -> SemaphoreInfo | None:
+        return run_sync(self._db.sem_inspect, name)
+
+    def sem_force_release(self, name: str) -> int:
+        released = run_sync(self._db.sem_force_release, name)
+        if released:
+            self.semaphore_bus.notify(name)
+        return released
+
+    def sem_leave_queue(self, name: str, owner: str) -> None:
+        if run_sync(self._db.sem_leave_queue, name, owner):
+            self.semaphore_bus.notify(name)
+
     # -- wake-ups -------------------------------------------------------------------
 
     def waiter(self, name: str) -> SQLiteWaiter:
         return SQLiteWaiter(self, name)
+
+    def sem_waiter(self, name: str) -> SQLiteWaiter:
+        return SQLiteWaiter(self, name, semaphore=True)
 
     def _current_feed(self, name: str) -> WakeFeed:
         with self._mutex:
@@ -443,9 +513,11 @@ class SQLiteBackend(Backend):
                 feed = self._feed = WakeFeed(self._db)
             return feed
 
-    def _subscribe(self, name: str, key: bytes, event: Event, owner: str | None) -> WakeFeed:
+    def _subscribe(
+        self, name: str, key: bytes, event: Event, owner: str | None, *, semaphore: bool = False
+    ) -> WakeFeed:
         feed = self._current_feed(name)
-        feed.join(name, key, event, owner)
+        feed.join(name, key, event, owner, semaphore=semaphore)
         return feed
 
     def close(self) -> None:
