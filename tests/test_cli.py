@@ -237,6 +237,8 @@ def test_status_json_shows_holder_and_token(
         "token": None,
         "ttl": None,
         "server": url,
+        "semaphore": None,
+        "election": None,
     }
     ready = tmp_path / "ready"
     holder = start("run", "job", "--", *python(SLEEPER), str(ready))
@@ -344,10 +346,22 @@ def test_bad_ttl_is_a_config_error(corral: Corral) -> None:
     assert "--ttl" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_limit_above_one_is_not_available_yet(corral: Corral) -> None:
-    result = corral("run", "job", "--limit", "2", "--", "true")
-    assert result.returncode == 2
-    assert "--limit" in result.stderr and "not available" in result.stderr
+@pytest.mark.parametrize("limit", ["0", "-3", "2.5", "three", str(2**31)])
+def test_bad_limit_is_a_config_error(corral: Corral, tmp_path: Path, limit: str) -> None:
+    ran = tmp_path / "ran"
+    result = corral("run", "job", "--limit", limit, "--", "touch", str(ran))
+    assert result.returncode == 2, result.stderr
+    assert "--limit" in result.stderr and "Traceback" not in result.stderr
+    assert not ran.exists()
+
+
+def test_limit_one_is_the_lock_not_a_semaphore(corral: Corral, tmp_path: Path) -> None:
+    """A lock and a semaphore of one name are different things on the server."""
+    out = tmp_path / "env"
+    code = "import os, sys; open(sys.argv[1], 'w').write(os.environ['CORRAL_LOCK_TOKEN'])"
+    result = corral("run", "job", "--limit", "1", "--hold-for", "30", "--", *python(code), str(out))
+    assert result.returncode == 0, result.stderr
+    assert status(corral, "job")["held"] is True  # the lock is kept closed, as without --limit
 
 
 def test_missing_command_gives_127_and_leaves_the_lock_free(corral: Corral, tmp_path: Path) -> None:
@@ -820,13 +834,19 @@ def test_the_store_is_named_without_its_password(
 
 
 @pytest.mark.parametrize(
-    "args", [("run", "job", "--", "touch"), ("status", "job"), ("release", "job", "--force")]
+    "args",
+    [
+        ("run", "job", "--", "touch"),
+        ("elect", "job", "--", "touch"),
+        ("status", "job"),
+        ("release", "job", "--force"),
+    ],
 )
 def test_memory_store_is_refused(
     corral: Corral, env: dict[str, str], tmp_path: Path, args: tuple[str, ...]
 ) -> None:
     ran = tmp_path / "ran"
-    words = [*args, str(ran)] if args[0] == "run" else list(args)
+    words = [*args, str(ran)] if args[0] in ("run", "elect") else list(args)
     given = corral(*words[:2], "--url", "memory://", *words[2:])
     from_env = corral(*words, environ={**env, "CORRAL_URL": "memory://"})
     for result in (given, from_env):
@@ -898,3 +918,384 @@ def test_status_creates_no_directory(
     default = corral("status", "x", environ=default_env)
     assert default.returncode == 0, default.stderr
     assert not (tmp_path / "cache").exists()
+
+
+# -- run --limit N: a slot of a semaphore --------------------------------------------------
+
+# Appends "enter TIME TOKEN" once it holds its slot and "exit TIME TOKEN" just before it
+# leaves, then writes its ready file; it leaves when the go file appears (or at once
+# when none is given).
+RECORDER = """
+import os, sys, time
+log, ready = sys.argv[1:3]
+go = sys.argv[3] if len(sys.argv) > 3 else None
+token = os.environ["CORRAL_LOCK_TOKEN"]
+def record(what):
+    with open(log, "a") as f:
+        f.write(f"{what} {time.time()!r} {token}\\n")
+record("enter")
+with open(ready + ".tmp", "w") as f:
+    f.write(token + "\\n")
+os.replace(ready + ".tmp", ready)
+deadline = time.monotonic() + 60
+while go and not os.path.exists(go) and time.monotonic() < deadline:
+    time.sleep(0.02)
+time.sleep(0.1)
+record("exit")
+"""
+
+
+def most_at_once(log: Path) -> int:
+    """The most commands that were inside at one instant, from their enter/exit records."""
+    events = []
+    for line in log.read_text().splitlines():
+        what, when, _ = line.split()
+        events.append((float(when), 0 if what == "exit" else 1))
+    inside = most = 0
+    for _, enter in sorted(events):
+        inside += 1 if enter else -1
+        most = max(most, inside)
+    assert inside == 0, log.read_text()
+    return most
+
+
+def test_limit_lets_n_commands_in_and_the_others_exit_75_naming_the_holders(
+    corral: Corral, start: Start, tmp_path: Path
+) -> None:
+    log, go = tmp_path / "log", tmp_path / "go"
+    runners = [
+        start(
+            "run",
+            "pool",
+            "--limit",
+            "3",
+            "--",
+            *python(RECORDER),
+            str(log),
+            str(tmp_path / f"r{i}"),
+            str(go),
+        )
+        for i in range(5)
+    ]
+    # Two of them find the three slots taken and give up at once (--wait 0).
+    deadline = time.monotonic() + TIMEOUT
+    while sum(runner.poll() is not None for runner in runners) < 2:
+        assert time.monotonic() < deadline, "no two runs gave up"
+        time.sleep(0.02)
+    losers = [runner for runner in runners if runner.poll() is not None]
+    for loser in losers:
+        returncode, err = finish(loser)
+        assert returncode == 75, err
+        assert "semaphore 'pool'" in err and "3 of its 3 slots taken" in err
+        assert err.count("held by") == 3 and "Traceback" not in err
+    winners = [i for i, runner in enumerate(runners) if runner not in losers]
+    tokens = {wait_for(tmp_path / f"r{i}", runners[i]).strip() for i in winners}
+    assert len(tokens) == 3
+
+    found = status(corral, "pool")
+    assert found["held"] is False  # the lock of that name is another thing
+    semaphore = found["semaphore"]
+    assert isinstance(semaphore, dict)
+    assert semaphore["limit"] == 3 and semaphore["free"] == 0
+    assert {str(holder["token"]) for holder in semaphore["holders"]} == tokens
+    human = corral("status", "pool")
+    assert "semaphore 'pool'" in human.stdout and "3 of its 3 slots taken" in human.stdout
+
+    go.touch()
+    for winner in winners:
+        returncode, err = finish(runners[winner])
+        assert returncode == 0, err
+    assert most_at_once(log) == 3
+    assert status(corral, "pool")["semaphore"] is None
+
+
+def test_limit_with_a_long_wait_lets_everyone_in_at_most_n_at_once(
+    corral: Corral, start: Start, tmp_path: Path
+) -> None:
+    log = tmp_path / "log"
+    runners = [
+        start(
+            "run",
+            "pool",
+            "--limit",
+            "3",
+            "--wait",
+            "60",
+            "--",
+            *python(RECORDER),
+            str(log),
+            str(tmp_path / f"r{i}"),
+        )
+        for i in range(5)
+    ]
+    for runner in runners:
+        returncode, err = finish(runner)
+        assert returncode == 0, err
+    assert len(log.read_text().splitlines()) == 10
+    assert most_at_once(log) <= 3
+
+
+def test_limit_must_agree_with_the_holders(corral: Corral, start: Start, tmp_path: Path) -> None:
+    ready, go = tmp_path / "ready", tmp_path / "go"
+    holder = start(
+        "run",
+        "pool",
+        "--limit",
+        "3",
+        "--",
+        *python(RECORDER),
+        str(tmp_path / "log"),
+        str(ready),
+        str(go),
+    )
+    wait_for(ready, holder)
+    other = corral("run", "pool", "--limit", "2", "--", "true")
+    go.touch()
+    assert finish(holder)[0] == 0
+    assert other.returncode == 2, other.stderr
+    assert "limit=3" in other.stderr and "Traceback" not in other.stderr
+
+
+def test_forced_release_frees_the_slots_and_stops_their_commands(
+    corral: Corral, start: Start, tmp_path: Path
+) -> None:
+    ready, out = tmp_path / "ready", tmp_path / "out"
+    holder = start(
+        "run",
+        "pool",
+        "--limit",
+        "2",
+        "--ttl",
+        "1.5",
+        "--",
+        *python(RECORDER),
+        str(out),
+        str(ready),
+        str(tmp_path / "go"),
+    )
+    token = wait_for(ready, holder).strip()
+    freed = corral("release", "pool", "--force")
+    assert freed.returncode == 0, freed.stderr
+    assert "semaphore 'pool'" in freed.stdout and "freed 1 slot" in freed.stdout
+    assert f"fencing token {token}" in freed.stdout
+    returncode, err = finish(holder)
+    assert returncode == 70, err
+    assert "lost a slot of semaphore 'pool' (limit 2)" in err
+
+
+# -- elect ---------------------------------------------------------------------------------
+
+# Appends "enter TIME PID TERM IDENTITY" once elected, writes its pid to the file named
+# after its identity, then runs until stopped or until the go file appears.
+LEADER = """
+import os, sys, time
+log, directory = sys.argv[1:3]
+go = sys.argv[3] if len(sys.argv) > 3 else None
+term = os.environ["CORRAL_LEADER_TERM"]
+identity, name = os.environ["CORRAL_LEADER_IDENTITY"], os.environ["CORRAL_LOCK_NAME"]
+with open(log, "a") as f:
+    f.write(f"enter {time.time()!r} {os.getpid()} {term} {identity} {name}\\n")
+path = os.path.join(directory, identity)
+with open(path + ".tmp", "w") as f:
+    f.write(f"{os.getpid()} {term}\\n")
+os.replace(path + ".tmp", path)
+deadline = time.monotonic() + 60
+while not (go and os.path.exists(go)) and time.monotonic() < deadline:
+    time.sleep(0.02)
+"""
+
+
+def entries(log: Path, count: int, proc: subprocess.Popen[str] | None = None) -> list[list[str]]:
+    """The first `count` enter records, once there are that many."""
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        text = log.read_text() if log.exists() else ""
+        lines = text.splitlines() if text.endswith("\n") else text.splitlines()[:-1]
+        if len(lines) >= count:
+            return [line.split() for line in lines[:count]]
+        if proc is not None and proc.poll() is not None:
+            _, err = proc.communicate()
+            pytest.fail(f"corral exited {proc.returncode} early: {err}")
+        time.sleep(0.02)
+    pytest.fail(f"fewer than {count} records in {log} within {TIMEOUT} s")
+
+
+def test_elect_runs_the_command_as_leader_and_passes_its_exit_status_through(
+    corral: Corral, tmp_path: Path
+) -> None:
+    out = tmp_path / "env"
+    code = (
+        "import os, sys; open(sys.argv[1], 'w').write(' '.join(os.environ[k] for k in "
+        "('CORRAL_LOCK_NAME', 'CORRAL_LEADER_TERM', 'CORRAL_LEADER_IDENTITY'))); sys.exit(3)"
+    )
+    first = corral("elect", "boss", "--identity", "web 1", "--", *python(code), str(out))
+    assert first.returncode == 3, first.stderr
+    name, term, identity = out.read_text().split(" ", 2)
+    assert (name, identity) == ("boss", "web 1")
+    second = corral("elect", "boss", "--", *python(code), str(out))
+    assert second.returncode == 3, second.stderr
+    assert int(out.read_text().split()[1]) > int(term)
+    assert status(corral, "boss")["election"] is None  # resigned on the command's exit
+
+
+def test_elect_waits_for_the_leader_and_is_elected_when_it_resigns(
+    corral: Corral, start: Start, tmp_path: Path
+) -> None:
+    log, go = tmp_path / "log", tmp_path / "go"
+    leader = start(
+        "elect",
+        "boss",
+        "--identity",
+        "one",
+        "--",
+        *python(LEADER),
+        str(log),
+        str(tmp_path),
+        str(go),
+    )
+    entries(log, 1, leader)
+
+    busy = corral("elect", "boss", "--wait", "0", "--", "true")
+    assert busy.returncode == 75, busy.stderr
+    assert "election 'boss'" in busy.stderr and "one leads (term" in busy.stderr
+
+    found = status(corral, "boss")
+    election = found["election"]
+    assert isinstance(election, dict)
+    assert election["leader"] == "one" and str(election["owner"]).startswith("one@")
+    assert isinstance(election["ttl"], float) and 0 < election["ttl"] <= 10
+    assert found["held"] is False and found["semaphore"] is None
+    human = corral("status", "boss")
+    assert (
+        "election 'boss'" in human.stdout and f"one leads (term {election['term']}," in human.stdout
+    )
+
+    follower = start(
+        "elect",
+        "boss",
+        "--identity",
+        "two",
+        "--",
+        *python(LEADER),
+        str(log),
+        str(tmp_path),
+        str(go),
+    )
+    go.touch()  # the leader's command exits; corral resigns and the follower is elected
+    assert finish(leader)[0] == 0
+    returncode, err = finish(follower)
+    assert returncode == 0, err
+    (_, _, _, first, who_first, _), (_, _, _, second, who_second, _) = entries(log, 2)
+    assert (who_first, who_second) == ("one", "two") and int(second) > int(first)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.backend("sqlite", "redis")
+def test_elect_runs_one_leader_at_a_time_and_fails_over_when_the_leader_dies(
+    corral: Corral,
+    start: Start,
+    tmp_path: Path,
+    store_url: str,
+    name: str,
+    backend_name: str,
+    leftovers: list[int],
+) -> None:
+    from tests.conftest import capabilities
+
+    ttl = 2.0
+    log = tmp_path / "log"
+    campaigners = {
+        f"node-{i}": start(
+            "elect",
+            name,
+            "--url",
+            store_url,
+            "--ttl",
+            str(ttl),
+            "--identity",
+            f"node-{i}",
+            "--",
+            *python(LEADER),
+            str(log),
+            str(tmp_path),
+        )
+        for i in range(3)
+    }
+    ((_, _, pid, term, first, _),) = entries(log, 1)
+    leftovers.append(int(pid))
+    killed_at = time.monotonic()
+    campaigners[first].kill()  # no chance to resign: the others wait for the TTL
+    finish(campaigners[first])
+    wait_gone(int(pid))  # its command died with it
+    gone_at = time.time()
+    _, (_, entered, pid, second_term, second, _) = entries(log, 2)
+    failover = time.monotonic() - killed_at
+    leftovers.append(int(pid))
+    bound = ttl + capabilities(backend_name).ttl_slack + 5.0
+    assert failover <= bound, f"failover took {failover:.1f} s, more than {bound:.1f} s"
+    assert second != first and int(second_term) > int(term)
+    assert float(entered) > gone_at  # never two commands at once
+
+    campaigners[second].send_signal(signal.SIGTERM)  # forwarded: the command stops, corral resigns
+    assert finish(campaigners[second])[0] == 128 + signal.SIGTERM
+    _, _, (_, _, pid, third_term, third, _) = entries(log, 3)
+    assert third not in (first, second) and int(third_term) > int(second_term)
+    campaigners[third].send_signal(signal.SIGTERM)
+    assert finish(campaigners[third])[0] == 128 + signal.SIGTERM
+    assert len(log.read_text().splitlines()) == 3
+
+
+def test_forced_release_stops_the_leaders_command_and_exits_70(
+    corral: Corral, start: Start, tmp_path: Path
+) -> None:
+    log = tmp_path / "log"
+    leader = start(
+        "elect",
+        "boss",
+        "--ttl",
+        "1.5",
+        "--identity",
+        "one",
+        "--",
+        *python(LEADER),
+        str(log),
+        str(tmp_path),
+    )
+    ((_, _, pid, term, _, _),) = entries(log, 1, leader)
+    freed = corral("release", "boss", "--force")
+    assert freed.returncode == 0, freed.stderr
+    assert "election 'boss'" in freed.stdout and f"one leads (term {term}," in freed.stdout
+    returncode, err = finish(leader)
+    assert returncode == 70, err
+    assert dead(int(pid))
+    assert "lost the leadership of election 'boss'" in err and f"(term {term})" in err
+    assert "exiting with status 70" in err and "Traceback" not in err
+
+
+def test_rejoin_campaigns_again_and_restarts_the_command(
+    corral: Corral, start: Start, tmp_path: Path
+) -> None:
+    log = tmp_path / "log"
+    leader = start(
+        "elect",
+        "boss",
+        "--ttl",
+        "1.5",
+        "--rejoin",
+        "--identity",
+        "one",
+        "--",
+        *python(LEADER),
+        str(log),
+        str(tmp_path),
+    )
+    ((_, _, pid, term, _, _),) = entries(log, 1, leader)
+    assert corral("release", "boss", "--force").returncode == 0
+    _, (_, _, again, new_term, _, _) = entries(log, 2, leader)
+    assert dead(int(pid)) and again != pid and int(new_term) > int(term)
+    assert status(corral, "boss")["election"] is not None
+    leader.send_signal(signal.SIGTERM)
+    returncode, err = finish(leader)
+    assert returncode == 128 + signal.SIGTERM, err
+    assert "campaigning again once it is gone (--rejoin)" in err
+    assert status(corral, "boss")["election"] is None

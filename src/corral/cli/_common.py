@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import corral
 from corral.backends.registry import default_url, redact
-from corral.core.primitives import LockInfo
+from corral.core.election import identity_of
+from corral.core.primitives import LockInfo, SemaphoreInfo
 from corral.errors import BackendError, ConfigError, CorralError, LockExpired, LockLost
 
 __all__ = [
@@ -32,6 +33,8 @@ __all__ = [
     "add_url_argument",
     "choose_store",
     "describe_info",
+    "describe_leader",
+    "describe_semaphore",
     "one_line",
     "open_store",
     "say",
@@ -107,6 +110,20 @@ def describe_info(info: LockInfo) -> str:
             f"it closed {seconds(info.ttl)} more (fencing token {info.token})"
         )
     return f"held by {info.owner}, fencing token {info.token}, {seconds(info.ttl)} left"
+
+
+def describe_leader(info: LockInfo) -> str:
+    """Who leads an election (its lock's holder) and for how long, in the same words."""
+    return f"{identity_of(info.owner)} leads (term {info.token}, {seconds(info.ttl)} left)"
+
+
+def describe_semaphore(info: SemaphoreInfo, shown: int = 10) -> str:
+    """A semaphore's slots and their holders (the first `shown` of them), in the same words."""
+    holders = "; ".join(describe_info(holder) for holder in info.holders[:shown])
+    if len(info.holders) > shown:
+        holders += f"; and {len(info.holders) - shown} more"
+    taken = f"{len(info.holders)} of its {info.limit} slots taken"
+    return f"{taken}: {holders}" if holders else taken
 
 
 @dataclass(frozen=True, slots=True)
