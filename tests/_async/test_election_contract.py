@@ -13,7 +13,6 @@ import socket
 import pytest
 
 from corral.aio import AsyncElection, AsyncStore
-from corral.core.election import lock_name
 from corral.errors import ConfigError, LockExpired
 from tests._async.concurrency import sleep, start
 
@@ -116,7 +115,7 @@ async def test_a_lost_leadership_is_reported_and_a_new_term_can_follow(
     first_term = election.term
     await sleep(1.2)  # renewed meanwhile
     assert election.is_leader and election.term == first_term
-    assert await other_store.force_release(lock_name(name))
+    assert await other_store.force_release_election(name)
     for _ in range(100):
         if lost:
             break

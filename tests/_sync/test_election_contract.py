@@ -15,7 +15,6 @@ import socket
 import pytest
 
 from corral import Election, Store
-from corral.core.election import lock_name
 from corral.errors import ConfigError, LockExpired
 from tests._sync.concurrency import sleep, start
 
@@ -112,7 +111,7 @@ def test_a_lost_leadership_is_reported_and_a_new_term_can_follow(
     first_term = election.term
     sleep(1.2)  # renewed meanwhile
     assert election.is_leader and election.term == first_term
-    assert other_store.force_release(lock_name(name))
+    assert other_store.force_release_election(name)
     for _ in range(100):
         if lost:
             break

@@ -17,7 +17,7 @@ from corral._sync.semaphore import Semaphore
 from corral.backends.registry import default_url, redact, resolve
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock, SystemClock
-from corral.core.election import default_identity
+from corral.core.election import default_identity, lock_name
 from corral.core.primitives import LockInfo, SemaphoreInfo
 from corral.core.stats import StoreStats
 from corral.core.validate import check_limit, check_name, check_ttl, check_wait
@@ -163,6 +163,14 @@ class Store:
         if on_lost is not None and not callable(on_lost):
             raise ConfigError(f"on_lost must be callable, got {on_lost!r}")
         return Election(self, name, seconds, identity, on_lost=on_lost)
+
+    def force_release_election(self, name: str) -> bool:
+        """End the current leadership of election `name`, if any (operators only).
+
+        The leader finds out at its next renewal or check (`on_lost`); a waiting
+        campaigner is elected meanwhile.
+        """
+        return self.backend.force_release(lock_name(check_name(name, "election name")))
 
     def stats(self) -> dict[str, Any]:
         """What this store's locks did so far: counters and wait/hold-time histograms.

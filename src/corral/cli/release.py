@@ -23,7 +23,6 @@ from corral.cli._common import (
     describe_semaphore,
     open_store,
 )
-from corral.core.election import lock_name
 
 __all__ = ["NAME", "add_parser", "release"]
 
@@ -84,7 +83,7 @@ def release(args: argparse.Namespace) -> int:
         slots = store.semaphore_info(name) if store.capabilities.semaphores else None
         slots_freed = store.force_release_semaphore(name) if slots is not None else 0
         leadership = store.election(name).leadership()
-        led = leadership is not None and store.force_release(lock_name(name))
+        led = leadership is not None and store.force_release_election(name)
     if freed:
         was = "acquired just before, holder unknown" if info is None else describe_info(info)
         print(f"lock {name!r} on {server}: freed; it was {was}")

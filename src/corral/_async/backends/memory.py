@@ -286,8 +286,8 @@ class AsyncMemoryBackend(AsyncBackend):
             if queue is not None:
                 # Every live place ahead of this owner (all of them, when it has none)
                 # takes a free slot first.
-                places = list(queue)
-                ahead = places.index(owner) if owner in queue else len(places)
+                arrivals = list(queue)
+                ahead = arrivals.index(owner) if owner in queue else len(arrivals)
                 if ahead >= limit - taken:
                     return Attempt(False, holder_ttl=None)
             if sem is None:
