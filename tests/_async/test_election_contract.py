@@ -175,3 +175,50 @@ async def test_bad_election_options(
     with pytest.raises(ConfigError):
         await election.campaign(wait=-1)
     assert await election.leader() is None
+
+
+async def test_a_change_since_the_last_look_is_reported_at_once(
+    store: AsyncStore, other_store: AsyncStore, name: str
+) -> None:
+    first = store.election(name, ttl=30, identity="a")
+    follower = other_store.election(name, ttl=30, identity="f")
+    assert await first.campaign()
+    assert await follower.leader() == "a"
+    seen = await follower.leadership()
+    await first.resign()
+    second = store.election(name, ttl=30, identity="b")
+    assert await second.campaign()
+    # The change happened before the wait began: it is reported, not waited past.
+    assert await follower.wait_for_change(timeout=5)
+    assert await follower.leader() == "b"
+    assert not await follower.wait_for_change(timeout=0.2)
+    assert await follower.wait_for_change(timeout=0, since=seen)
+    await second.resign()
+
+
+async def test_a_shared_handle_leads_for_one_block_at_a_time(store: AsyncStore, name: str) -> None:
+    election = store.election(name, ttl=30, identity="shared")
+    inside: list[str] = []
+    most = 0
+
+    async def block(label: str) -> None:
+        nonlocal most
+        async with election:
+            inside.append(label)
+            most = max(most, len(inside))
+            await sleep(0.2)
+            inside.remove(label)
+
+    jobs = [start(block, label) for label in ("one", "two", "three")]
+    for job in jobs:
+        await job.result()
+    assert most == 1
+    assert await election.leader() is None
+
+
+async def test_leaving_a_block_whose_leadership_was_lost_raises(
+    store: AsyncStore, other_store: AsyncStore, name: str
+) -> None:
+    with pytest.raises(LockExpired, match="election"):
+        async with store.election(name, ttl=30):
+            assert await other_store.force_release_election(name)

@@ -370,3 +370,26 @@ async def test_one_handle_holds_one_slot(store: AsyncStore, name: str) -> None:
     info = await store.semaphore_info(name)
     assert info is not None and len(info.holders) == 1
     await slot.release()
+
+
+async def test_a_shared_handle_lets_limit_blocks_in(store: AsyncStore, name: str) -> None:
+    shared = store.semaphore(name, 3, ttl=30, wait=30)
+    inside: list[int] = []
+    most = 0
+    tokens: list[int] = []
+
+    async def block(index: int) -> None:
+        nonlocal most
+        async with shared as slot:
+            tokens.append(slot.token)
+            inside.append(index)
+            most = max(most, len(inside))
+            await sleep(0.3)
+            inside.remove(index)
+
+    jobs = [start(block, index) for index in range(5)]
+    for job in jobs:
+        await job.result()
+    assert most == 3  # as threading.Semaphore / asyncio.Semaphore: one slot per block
+    assert len(set(tokens)) == 5
+    assert await store.semaphore_info(name) is None

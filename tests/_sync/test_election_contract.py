@@ -171,3 +171,50 @@ def test_bad_election_options(
     with pytest.raises(ConfigError):
         election.campaign(wait=-1)
     assert election.leader() is None
+
+
+def test_a_change_since_the_last_look_is_reported_at_once(
+    store: Store, other_store: Store, name: str
+) -> None:
+    first = store.election(name, ttl=30, identity="a")
+    follower = other_store.election(name, ttl=30, identity="f")
+    assert first.campaign()
+    assert follower.leader() == "a"
+    seen = follower.leadership()
+    first.resign()
+    second = store.election(name, ttl=30, identity="b")
+    assert second.campaign()
+    # The change happened before the wait began: it is reported, not waited past.
+    assert follower.wait_for_change(timeout=5)
+    assert follower.leader() == "b"
+    assert not follower.wait_for_change(timeout=0.2)
+    assert follower.wait_for_change(timeout=0, since=seen)
+    second.resign()
+
+
+def test_a_shared_handle_leads_for_one_block_at_a_time(store: Store, name: str) -> None:
+    election = store.election(name, ttl=30, identity="shared")
+    inside: list[str] = []
+    most = 0
+
+    def block(label: str) -> None:
+        nonlocal most
+        with election:
+            inside.append(label)
+            most = max(most, len(inside))
+            sleep(0.2)
+            inside.remove(label)
+
+    jobs = [start(block, label) for label in ("one", "two", "three")]
+    for job in jobs:
+        job.result()
+    assert most == 1
+    assert election.leader() is None
+
+
+def test_leaving_a_block_whose_leadership_was_lost_raises(
+    store: Store, other_store: Store, name: str
+) -> None:
+    with pytest.raises(LockExpired, match="election"):
+        with store.election(name, ttl=30):
+            assert other_store.force_release_election(name)

@@ -356,3 +356,26 @@ def test_one_handle_holds_one_slot(store: Store, name: str) -> None:
     info = store.semaphore_info(name)
     assert info is not None and len(info.holders) == 1
     slot.release()
+
+
+def test_a_shared_handle_lets_limit_blocks_in(store: Store, name: str) -> None:
+    shared = store.semaphore(name, 3, ttl=30, wait=30)
+    inside: list[int] = []
+    most = 0
+    tokens: list[int] = []
+
+    def block(index: int) -> None:
+        nonlocal most
+        with shared as slot:
+            tokens.append(slot.token)
+            inside.append(index)
+            most = max(most, len(inside))
+            sleep(0.3)
+            inside.remove(index)
+
+    jobs = [start(block, index) for index in range(5)]
+    for job in jobs:
+        job.result()
+    assert most == 3  # as threading.Semaphore / asyncio.Semaphore: one slot per block
+    assert len(set(tokens)) == 5
+    assert store.semaphore_info(name) is None

@@ -14,13 +14,13 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from corral._async._compat import call_maybe_async
-from corral._async.lock import AsyncLock, add_note, log
-from corral.core.election import election_owner, identity_of, lock_name
+from corral._async._compat import call_maybe_async, current_task
+from corral._async.lock import AsyncLock
+from corral.core.election import default_identity, election_owner, identity_of, lock_name
 from corral.core.lockflow import MIN_WAIT, NOTIFIED_RECHECK
 from corral.core.primitives import LockInfo
 from corral.core.validate import check_wait
-from corral.errors import BackendError, LockError
+from corral.errors import LockError
 
 if TYPE_CHECKING:
     from corral._async.store import AsyncStore
@@ -28,17 +28,28 @@ if TYPE_CHECKING:
 __all__ = ["AsyncElection"]
 
 
+class _Unseen:
+    def __repr__(self) -> str:
+        return "<not seen yet>"
+
+
+_UNSEEN = _Unseen()
+
+
 class _LeadershipLock(AsyncLock):
     """The lock behind an election: its owner ids carry the campaigner's identity."""
 
     kind = "election"
+    # Campaigners wait as long as a leader leads: they must not poll as queued waiters
+    # do, and the order in which they are elected does not matter.
+    joins_queue = False
 
     def __init__(
         self,
         store: AsyncStore,
         name: str,
         ttl: float,
-        identity: str,
+        identity: str | None,
         on_lost: Callable[[AsyncLock], Any],
     ) -> None:
         super().__init__(
@@ -56,14 +67,16 @@ class _LeadershipLock(AsyncLock):
         self.identity = identity
 
     def _new_owner(self) -> str:
-        return election_owner(self.identity, super()._new_owner())
+        # host:pid when no identity was given, taken now: a forked child is another process.
+        return election_owner(self.identity or default_identity(), super()._new_owner())
 
 
 class AsyncElection:
     """One campaigner in the election `name`; created by `AsyncStore.election()`.
 
-    docs/elections.md describes it. A handle campaigns for one leadership at a
-    time; several campaigners in one process each make their own handle.
+    docs/elections.md describes it. A handle shared by several threads or
+    tasks leads for one of them at a time, as a lock handle is held by one:
+    the others' `campaign()` (or `with`) waits for it to resign.
     """
 
     def __init__(
@@ -71,15 +84,22 @@ class AsyncElection:
         store: AsyncStore,
         name: str,
         ttl: float,
-        identity: str,
+        identity: str | None,
         *,
         on_lost: Callable[[AsyncElection], Any] | None,
     ) -> None:
         self.name = name
-        self.identity = identity
         self.on_lost = on_lost
         self._store = store
         self._lock = _LeadershipLock(store, name, ttl, identity, self._lock_lost)
+        # The leadership this handle last reported (leader(), leadership(),
+        # wait_for_change()): what wait_for_change() compares with by default.
+        self._seen: LockInfo | _Unseen | None = _UNSEEN
+
+    @property
+    def identity(self) -> str:
+        """What `leader()` answers while this handle leads (default: host:pid, now)."""
+        return self._lock.identity or default_identity()
 
     def __repr__(self) -> str:
         state = f"leading (term {self.term})" if self.is_leader else "not leading"
@@ -110,14 +130,18 @@ class AsyncElection:
     async def campaign(self, wait: float | None = None) -> bool:
         """Become the leader, waiting up to `wait` seconds (None: as long as it takes).
 
-        True once this handle leads (at once if it already does). A leadership
-        lost earlier is set aside first: campaigning again is how a lost leader
-        runs for a new term.
+        True once this handle leads for the calling thread or task (at once if it
+        already does). A leadership of this caller's that lapsed is reported
+        (`on_lost`) and set aside first: campaigning again is how a lost leader
+        runs for a new term. Another thread or task of the same handle waits
+        until the leader resigns, as it would for a shared lock handle.
         """
         seconds = check_wait(wait)
-        if self.is_leader:
-            return True
-        self._lock.set_aside_lost()
+        held = self._lock._mine()
+        if held is not None and held.holder is current_task():
+            if self.is_leader:
+                return True
+            await self._lock.set_aside_lost()
         return await self._lock.acquire(seconds)
 
     async def resign(self) -> None:
@@ -136,30 +160,43 @@ class AsyncElection:
 
     async def leader(self) -> str | None:
         """The identity of the current leader (any process's), or None when nobody leads."""
-        info = await self._store.backend.inspect(self._lock.name)
+        info = await self.leadership()
         return None if info is None else identity_of(info.owner)
 
     async def leadership(self) -> LockInfo | None:
         """The current leadership as the store sees it: owner id, term (token), seconds left."""
-        return await self._store.backend.inspect(self._lock.name)
+        info = await self._store.backend.inspect(self._lock.name)
+        self._seen = info
+        return info
 
-    async def wait_for_change(self, timeout: float | None = None) -> bool:
+    async def wait_for_change(
+        self, timeout: float | None = None, *, since: LockInfo | _Unseen | None = _UNSEEN
+    ) -> bool:
         """Wait until the leadership changes; True when it did, False when `timeout` ran out.
 
         A change is another leader, a new term of the same one, or nobody
-        leading any more. The release of a resigning or stopping leader wakes
-        the wait where the backend pushes releases; a leader that died is seen
-        when its TTL runs out (the store's clock decides that, not ours).
+        leading any more, compared with `since` when given, else with what
+        this handle last reported (`leader()`, `leadership()` or the previous
+        wait), else with the leadership when called. A change that happened
+        since then is reported at once, so a follower that asks `leader()` and
+        then waits misses nothing. A term that began and ended between two
+        looks is reported too (a release was heard meanwhile). The release of a
+        resigning leader wakes the wait where the backend pushes releases to
+        this waiter; otherwise, and for a leader that died, the wait looks
+        again at least every second and when the leader's TTL runs out.
         """
         seconds = check_wait(timeout)
         clock = self._store.clock
         deadline = None if seconds is None else clock.now() + seconds
-        before = await self.leadership()
+        before = self._seen if isinstance(since, _Unseen) else since
         waiter = self._store.backend.waiter(self._lock.name)
+        heard = False
         async with waiter:
+            if isinstance(before, _Unseen):
+                before = await self.leadership()
             while True:
                 now_info = await self.leadership()
-                if _changed(before, now_info):
+                if _changed(before, now_info) or (heard and before is None and now_info is None):
                     return True
                 now = clock.now()
                 if deadline is not None and now >= deadline:
@@ -169,7 +206,7 @@ class AsyncElection:
                     pause = min(pause, max(now_info.ttl, MIN_WAIT))
                 if deadline is not None:
                     pause = min(pause, deadline - now)
-                await waiter.wait(pause)
+                heard = await waiter.wait(pause) or heard
 
     async def _lock_lost(self, lock: AsyncLock) -> None:
         if self.on_lost is not None:
@@ -177,7 +214,7 @@ class AsyncElection:
 
     async def __aenter__(self) -> AsyncElection:
         """Campaign for as long as it takes, then lead inside the block."""
-        await self.campaign()
+        await self._lock.__aenter__()
         return self
 
     async def __aexit__(
@@ -186,13 +223,8 @@ class AsyncElection:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        try:
-            await self.resign()
-        except (LockError, BackendError) as resign_error:
-            if exc is None:
-                raise
-            add_note(exc, f"corral: also, on leaving the block: {resign_error}")
-            log.warning("%s (while handling %r)", resign_error, exc)
+        """Resign; raise `LockLost`/`LockExpired` if the leadership was lost in the block."""
+        await self._lock.__aexit__(exc_type, exc, tb)
 
 
 def _changed(before: LockInfo | None, after: LockInfo | None) -> bool:

@@ -161,6 +161,12 @@ class AsyncLock:
 
     kind = "lock"
     """What the handle is called in messages."""
+    joins_queue = True
+    """Whether a waiter joins the queue after waiting `STARVE_AFTER` (the starvation guard).
+
+    Not for waits that are meant to last as long as a holder holds (an election's
+    campaigners): a queued waiter polls often on backends that cannot push.
+    """
 
     def _metrics(self, store: AsyncStore) -> Metrics:
         return store.metrics.locks
@@ -327,7 +333,7 @@ class AsyncLock:
             notifies=self._backend.capabilities.notifies,
             refresh_every=FAIR_QUEUE_TTL / 3 if self.fair else None,
             # Without fair=True, a waiter joins the queue once it has waited too long.
-            queue_after=None if self.fair or not queues else STARVE_AFTER,
+            queue_after=None if self.fair or not queues or not self.joins_queue else STARVE_AFTER,
         )
         granted: Attempt | None = None
         try:
@@ -487,15 +493,22 @@ class AsyncLock:
             renewer().register(self)
         return True
 
-    def set_aside_lost(self) -> None:
-        """Drop an acquisition that is over (known lost, or its lease surely ran out).
+    async def set_aside_lost(self) -> None:
+        """Drop this task's acquisition that is over (known lost, or its lease surely ran out).
 
         For callers that start afresh on purpose (an election campaigning for a
-        new term); `acquire()` itself refuses to paper over a loss.
+        new term); `acquire()` itself refuses to paper over a loss. A loss not
+        reported yet is reported first (`on_lost`), and whatever the server may
+        still keep under the old owner id (a renewal that landed late) is taken
+        back, so it cannot block the new acquisition.
         """
         held = self._mine()
-        if held is not None and not self._alive(held):
-            self._forget(held)
+        if held is None or held.holder is not current_task() or self._alive(held):
+            return
+        if held.lost is None:
+            self._lose(held, await self._why_lost(held))
+        self._forget(held)
+        await self._take_back(held.owner)
 
     # -- release, extend, check -------------------------------------------------
 

@@ -2,10 +2,11 @@
 
 A semaphore handle is a lock handle whose acquisition is one slot: the same
 waiting, renewal, cancellation and ownership rules (see `corral._async.lock`),
-over the backend's slot primitives instead of its lock ones. One handle holds
-at most one slot at a time; processes, threads or tasks that each want a slot
-each make their own handle (a handle shared between them excludes them as a
-lock handle does).
+over the backend's slot primitives instead of its lock ones. `acquire()` and
+`release()` hold the handle's one slot (a second thread or task calling
+`acquire()` on it waits, as for a lock handle). A `with` block takes a slot of
+its own instead, as `threading.Semaphore` and `asyncio.Semaphore` do, so one
+handle shared by many threads or tasks lets up to `limit` of them in.
 
 The limit is part of the semaphore's identity: the first holder's limit holds
 until every slot is free again, and a handle that disagrees gets a
@@ -15,10 +16,12 @@ until every slot is free again, and a handle that disagrees gets a
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from corral._async._compat import current_task
 from corral._async.backends.base import AsyncWaiter
-from corral._async.lock import AsyncLock, describe_holder
+from corral._async.lock import AsyncAcquisition, AsyncLock, describe_holder
 from corral.core.primitives import Attempt, LockInfo, Outcome, SemaphoreInfo
 from corral.errors import ConfigError
 
@@ -63,6 +66,8 @@ class AsyncSemaphore(AsyncLock):
             replicas=0,
         )
         self.limit = limit
+        # The slots `with` blocks took, per thread or task (see __aenter__).
+        self._blocks: dict[object, list[AsyncSemaphore]] = {}
 
     def __repr__(self) -> str:
         state = "holding a slot" if self.held else "holding no slot"
@@ -128,3 +133,55 @@ class AsyncSemaphore(AsyncLock):
             f"all {info.limit} slots are taken; the first to free is {describe_holder(soonest)}",
             soonest,
         )
+
+    # -- context manager: a slot per block -------------------------------------
+
+    async def __aenter__(self) -> AsyncAcquisition:
+        """Take a slot of this block's own (waiting up to the semaphore's `wait`).
+
+        Raises `LockTimeout` when no slot freed in time. The acquisition given
+        is the block's slot: its `token` and `owner`.
+        """
+        slot = AsyncSemaphore(
+            self._store,
+            self.name,
+            self.limit,
+            self.ttl,
+            wait=self.wait,
+            auto_renew=self.auto_renew,
+            on_lost=self.on_lost,
+            fair=self.fair,
+        )
+        acquisition = await AsyncLock.__aenter__(slot)
+        with self._state:
+            self._blocks.setdefault(current_task(), []).append(slot)
+        return acquisition
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Free the block's slot; raise `LockLost`/`LockExpired` if it was lost inside."""
+        with self._state:
+            slot = self._block_slot()
+        if slot is not None:
+            await AsyncLock.__aexit__(slot, exc_type, exc, tb)
+
+    def _block_slot(self) -> AsyncSemaphore | None:
+        """The slot of the block now leaving (called under `_state`): this task's last.
+
+        A block may leave on another thread than it entered (a framework that
+        runs enter and exit in two calls of its thread pool): then the slot of
+        the task that entered longest ago.
+        """
+        me = current_task()
+        task = me if self._blocks.get(me) else next(iter(self._blocks), None)
+        if task is None:
+            return None
+        stack = self._blocks[task]
+        slot = stack.pop() if task is me else stack.pop(0)
+        if not stack:
+            del self._blocks[task]
+        return slot

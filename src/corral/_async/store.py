@@ -15,7 +15,7 @@ from corral._async.semaphore import AsyncSemaphore
 from corral.backends.registry import default_url, redact, resolve
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock, SystemClock
-from corral.core.election import default_identity, lock_name
+from corral.core.election import lock_name
 from corral.core.primitives import LockInfo, SemaphoreInfo
 from corral.core.stats import StoreStats
 from corral.core.validate import check_limit, check_name, check_ttl, check_wait
@@ -153,7 +153,7 @@ class AsyncStore:
         check_name(name, "election name")
         seconds = check_ttl(ttl)
         if identity is None:
-            identity = default_identity()
+            pass  # host:pid, taken at each campaign (a forked child is another process)
         elif not isinstance(identity, str):
             raise TypeError(f"identity must be str, not {type(identity).__name__}")
         elif not identity:

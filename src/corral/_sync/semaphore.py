@@ -4,10 +4,11 @@
 
 A semaphore handle is a lock handle whose acquisition is one slot: the same
 waiting, renewal, cancellation and ownership rules (see `corral._sync.lock`),
-over the backend's slot primitives instead of its lock ones. One handle holds
-at most one slot at a time; processes, threads or tasks that each want a slot
-each make their own handle (a handle shared between them excludes them as a
-lock handle does).
+over the backend's slot primitives instead of its lock ones. `acquire()` and
+`release()` hold the handle's one slot (a second thread or task calling
+`acquire()` on it waits, as for a lock handle). A `with` block takes a slot of
+its own instead, as `threading.Semaphore` and `asyncio.Semaphore` do, so one
+handle shared by many threads or tasks lets up to `limit` of them in.
 
 The limit is part of the semaphore's identity: the first holder's limit holds
 until every slot is free again, and a handle that disagrees gets a
@@ -17,10 +18,12 @@ until every slot is free again, and a handle that disagrees gets a
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from corral._sync._compat import current_task
 from corral._sync.backends.base import Waiter
-from corral._sync.lock import Lock, describe_holder
+from corral._sync.lock import Acquisition, Lock, describe_holder
 from corral.core.primitives import Attempt, LockInfo, Outcome, SemaphoreInfo
 from corral.errors import ConfigError
 
@@ -65,6 +68,8 @@ class Semaphore(Lock):
             replicas=0,
         )
         self.limit = limit
+        # The slots `with` blocks took, per thread or task (see __enter__).
+        self._blocks: dict[object, list[Semaphore]] = {}
 
     def __repr__(self) -> str:
         state = "holding a slot" if self.held else "holding no slot"
@@ -130,3 +135,55 @@ class Semaphore(Lock):
             f"all {info.limit} slots are taken; the first to free is {describe_holder(soonest)}",
             soonest,
         )
+
+    # -- context manager: a slot per block -------------------------------------
+
+    def __enter__(self) -> Acquisition:
+        """Take a slot of this block's own (waiting up to the semaphore's `wait`).
+
+        Raises `LockTimeout` when no slot freed in time. The acquisition given
+        is the block's slot: its `token` and `owner`.
+        """
+        slot = Semaphore(
+            self._store,
+            self.name,
+            self.limit,
+            self.ttl,
+            wait=self.wait,
+            auto_renew=self.auto_renew,
+            on_lost=self.on_lost,
+            fair=self.fair,
+        )
+        acquisition = Lock.__enter__(slot)
+        with self._state:
+            self._blocks.setdefault(current_task(), []).append(slot)
+        return acquisition
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Free the block's slot; raise `LockLost`/`LockExpired` if it was lost inside."""
+        with self._state:
+            slot = self._block_slot()
+        if slot is not None:
+            Lock.__exit__(slot, exc_type, exc, tb)
+
+    def _block_slot(self) -> Semaphore | None:
+        """The slot of the block now leaving (called under `_state`): this task's last.
+
+        A block may leave on another thread than it entered (a framework that
+        runs enter and exit in two calls of its thread pool): then the slot of
+        the task that entered longest ago.
+        """
+        me = current_task()
+        task = me if self._blocks.get(me) else next(iter(self._blocks), None)
+        if task is None:
+            return None
+        stack = self._blocks[task]
+        slot = stack.pop() if task is me else stack.pop(0)
+        if not stack:
+            del self._blocks[task]
+        return slot

@@ -17,7 +17,7 @@ from corral._sync.semaphore import Semaphore
 from corral.backends.registry import default_url, redact, resolve
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock, SystemClock
-from corral.core.election import default_identity, lock_name
+from corral.core.election import lock_name
 from corral.core.primitives import LockInfo, SemaphoreInfo
 from corral.core.stats import StoreStats
 from corral.core.validate import check_limit, check_name, check_ttl, check_wait
@@ -155,7 +155,7 @@ class Store:
         check_name(name, "election name")
         seconds = check_ttl(ttl)
         if identity is None:
-            identity = default_identity()
+            pass  # host:pid, taken at each campaign (a forked child is another process)
         elif not isinstance(identity, str):
             raise TypeError(f"identity must be str, not {type(identity).__name__}")
         elif not identity:

@@ -203,6 +203,8 @@ def outcome_error(
         advice = "use a longer ttl or auto_renew=True"
     if kind == "lock":
         expired, lost = "nobody holds it now", "another owner holds it now"
+    elif kind == "election":
+        expired, lost = "nobody leads now", "another campaigner leads now"
     else:
         expired = "a slot is free now"
         lost = "every slot is taken by other owners now"
