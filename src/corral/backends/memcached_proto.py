@@ -41,9 +41,13 @@ spaces, control characters, NUL, non-ASCII, lone surrogates) becomes
 `<prefix>:lock#<readable part>#<32 hex digits of sha256(name)>`, so every `str`
 is a valid name, deterministically, and the two forms never collide (":" and
 "#" after the kind). Per waiter: `<prefix>:place:<32 hex digits of
-sha256(lock key, owner)>`. Per server: `<prefix>:fence`, the fencing counter.
+sha256(lock key, owner)>`. Per server: `<prefix>:fence`, the fencing counter. Per semaphore name:
+`<prefix>:sem:<name>` (its limit), `<prefix>:semqueue:<name>` and a slot key
+`<prefix>:slot:<name>#<i>` for each i < limit, hashed the same way, so a
+semaphore never shares a key with the lock of the same name.
 Values are `<token>:<owner>` (`<token>:` while closed by `hold_for`; empty for
-the placeholder a free lock's probe leaves), as in the Redis backend.
+the placeholder a free lock's probe leaves), as in the Redis backend; a slot's
+are `<token>:<limit>:<owner>`.
 
 **Connections.** A pool per store and process: thread-safe, bounded by
 `max_connections` if given (a caller waits for a free connection within

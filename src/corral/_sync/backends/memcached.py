@@ -29,6 +29,11 @@ pass `queue_ttl` keep places in a queue built from memcached's atomic steps
 (see `corral.backends.memcached_locks`): in arrival order, each alive only
 while its waiter refreshes it, respected by every attempt; an eviction or a
 restart can reorder or forget the queue, never break exclusion.
+
+Semaphores (`corral.backends.memcached_semaphores`) keep a key per slot, each
+taken as a free lock is, and poll the same way: a slot released in this
+process wakes this process's waiters of that semaphore through
+`semaphore_bus`; others find the free slot at their next attempt.
 """
 
 from __future__ import annotations
@@ -99,9 +104,7 @@ class MemcachedBackend(Backend):
             "nothing: a released lock is deleted, an expired one or one closed by hold_for "
             "vanishes by ceil(ttl) + 2 s, the placeholder a free lock's probe leaves within "
             "3 s, a waiter's place and the queue by ceil(queue_ttl) + 2 s after the last "
-            "refresh; one counter per server and prefix stays; a semaphore's slots go as a "
-            "lock's do, and its header (the limit) by 2 * ceil(ttl) + 2 s after the last "
-            "acquisition or extension"
+            "refresh; one counter per server and prefix stays"
         ),
         semaphores=(
             "a key per slot (`<name>#<i>`, i < limit <= 100), each taken by compare-and-swap on "
