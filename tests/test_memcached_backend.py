@@ -1548,3 +1548,24 @@ def test_semaphore_round_trips(store: corral.Store, name: str, round_trips: list
     assert cost(lambda: store.semaphore_info(name)) == 2  # the header, then its slots
     assert cost(slots[0].release) == 2
     assert cost(lambda: store.force_release_semaphore(name)) == 1
+
+
+def test_a_lost_header_comes_back_with_the_next_extension(
+    backend_url: str, store: corral.Store, name: str
+) -> None:
+    """As after an eviction of the header alone: readers see nothing until it is written."""
+    long = store.semaphore(name, 2, ttl=60)
+    short = store.semaphore(name, 2, ttl=1)
+    assert long.acquire() and short.acquire()
+    header = semaphore_keys("corral", name).header
+    (kept,) = raw(backend_url, request("mg", header, "t"))
+    assert kept.number("t") >= 60  # a shorter holder never lowers it
+    assert raw(backend_url, request("md", header))[0].code == b"HD"
+    assert store.semaphore_info(name) is None  # readers go by the header
+    short.extend()
+    info = store.semaphore_info(name)
+    assert info is not None and info.limit == 2 and len(info.holders) == 2
+    with pytest.raises(ConfigError, match="limit=2"):
+        store.semaphore(name, 3).acquire()
+    long.release()
+    short.release()

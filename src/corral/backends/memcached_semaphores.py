@@ -502,7 +502,9 @@ class MemcachedSemaphores:
                 if found.cas == 0:
                     raise CasDisabled
                 writes = [change(keys.slot(found.index), found)]
-                if lasting is not None:
+                if lasting is not None and (header is None or header.limit == found.limit):
+                    # Keep the header at least as long (re-adding it if it was evicted);
+                    # one naming another limit is left alone: it is the identity.
                     writes += self._raise_header(keys, header, found.limit, lasting)
                 done = call(*writes)[0]
                 if done.code == b"HD":
