@@ -1,5 +1,5 @@
 """memcached-specific behaviour: keys, whole-second TTLs, compare-and-swap races, eviction,
-restarts, fork, threads, TLS, authentication.
+restarts, fork, threads, TLS, authentication, semaphore slots.
 
 The lock contract itself runs over memcached in tests/_async and tests/_sync; this file covers
 what only memcached has. The framing and key tests need no server; the rest run against real
@@ -29,6 +29,7 @@ import pytest
 import corral
 import corral.aio
 from corral.backends import memcached_proto as proto
+from corral.backends import memcached_semaphores
 from corral.backends.memcached_locks import PLACEHOLDER_TTL, MemcachedLocks, QueueState
 from corral.backends.memcached_proto import (
     MAX_KEY_BYTES,
@@ -36,7 +37,10 @@ from corral.backends.memcached_proto import (
     ProtocolError,
     Reply,
     ReplyParser,
+    SemaphoreKeys,
+    decode_slot,
     decode_value,
+    encode_slot,
     encode_value,
     fence_key,
     lease_left,
@@ -45,13 +49,16 @@ from corral.backends.memcached_proto import (
     place_id,
     place_key,
     request,
+    semaphore_keys,
     server_ttl,
     shown_url,
 )
+from corral.backends.memcached_semaphores import MAX_LIMIT, MemcachedSemaphores
 from corral.core.primitives import Outcome
 from corral.errors import BackendError, BackendUnavailable, ConfigError, LockExpired, LockLost
 from corral.testing import servers
 from tests.conftest import server_missing
+from tests.footprint import footprint_for
 
 # Server tests take `backend_name`, so `--backends` without memcached leaves them out.
 pytestmark = pytest.mark.backend("memcached")
@@ -1270,3 +1277,295 @@ def test_an_unreachable_server_fails_within_the_timeout(backend_name: str, name:
         with pytest.raises(BackendUnavailable, match=f"127.0.0.1:{port}"):
             store.lock(name).acquire()
         assert time.monotonic() - began < 2
+
+
+# -- semaphores: a key per slot ------------------------------------------------------
+
+
+def slot_keys(name: str, limit: int, prefix: str = "corral") -> list[str]:
+    keys = semaphore_keys(prefix, name)
+    return [keys.slot(index) for index in range(limit)]
+
+
+def is_slot_take(request_line: bytes, name: str, limit: int) -> bool:
+    """Whether a request is an attempt's compare-and-swap on a slot of semaphore `name`."""
+    head = request_line.split(b"\r\n", 1)[0].split()
+    slots = {key.encode() for key in slot_keys(name, limit)}
+    return head[:1] == [b"ms"] and head[1] in slots and any(f.startswith(b"C") for f in head[3:])
+
+
+@pytest.mark.parametrize("name", ["pool", *AWKWARD_NAMES])
+def test_semaphore_keys_are_valid_and_apart_from_lock_keys(name: str) -> None:
+    keys = semaphore_keys("corral", name)
+    lock = lock_keys("corral", name)
+    every = [keys.header, keys.queue, *slot_keys(name, MAX_LIMIT)]
+    for key in every:
+        assert re.fullmatch(r"[\x21-\x7e]+", key) and len(key) <= MAX_KEY_BYTES, key
+    assert len(set(every)) == len(every)
+    assert not set(every) & {lock.lock, lock.queue}
+    assert keys.route == keys.header  # a router places every key of a semaphore together
+    assert semaphore_keys("corral", name) == keys
+
+
+def test_slot_keys_never_collide_across_names() -> None:
+    # The index follows the last "#": "a#1" slot 0 is not "a" slot 10, nor "a#10" slot 0.
+    pairs = [("a#1", 0), ("a", 10), ("a#10", 0), ("a", 1), ("a#", 10)]
+    assert len({semaphore_keys("corral", n).slot(i) for n, i in pairs}) == len(pairs)
+    assert isinstance(semaphore_keys("corral", "x"), SemaphoreKeys)
+
+
+@pytest.mark.parametrize("owner", ["host:1:MainThread:abc", None, "ünï \x00 \udcff"])
+def test_slot_values_round_trip(owner: str | None) -> None:
+    assert decode_slot(encode_slot(42, 3, owner)) == (42, 3, owner)
+    assert decode_slot(b"42:x:owner") is None
+    assert decode_slot(b"42:owner") is None
+    assert decode_slot(b"") is None
+
+
+def test_the_limit_is_bounded(store: corral.Store, name: str) -> None:
+    too_many = store.semaphore(name, MAX_LIMIT + 1, ttl=5)
+    with pytest.raises(ConfigError, match=f"limit={MAX_LIMIT + 1} is above {MAX_LIMIT}"):
+        too_many.acquire()
+    assert not too_many.held
+    largest = store.semaphore(name, MAX_LIMIT, ttl=5)
+    assert largest.acquire()
+    info = store.semaphore_info(name)
+    assert info is not None and info.limit == MAX_LIMIT and info.free == MAX_LIMIT - 1
+    largest.release()
+    assert store.semaphore_info(name) is None
+
+
+def test_awkward_semaphore_names_work_on_the_server(store: corral.Store, name: str) -> None:
+    names = [f"{name} {awkward}" for awkward in AWKWARD_NAMES]
+    slots = [store.semaphore(n, 2, ttl=30) for n in names for _ in range(2)]
+    for slot in slots:
+        assert slot.acquire()
+    for n in names:
+        info = store.semaphore_info(n)
+        assert info is not None and info.free == 0 and len(info.holders) == 2
+        assert not store.semaphore(n, 2).acquire()
+    for slot in slots:
+        slot.release()
+    for n in names:
+        assert store.semaphore_info(n) is None
+
+
+def test_slot_keys_are_gone_after_release(
+    backend_url: str, store: corral.Store, other_store: corral.Store, name: str
+) -> None:
+    slots = [(store, other_store)[i % 2].semaphore(name, 3, ttl=30) for i in range(3)]
+    for slot in slots:
+        assert slot.acquire()
+    keys = slot_keys(name, 3)
+    found = raw(backend_url, *(request("mg", key, "v") for key in keys))
+    owners = {decode_slot(reply.value or b"")[2] for reply in found}  # type: ignore[index]
+    assert owners == {slot.owner for slot in slots}  # one slot key per holder
+    for slot in slots:
+        slot.release()
+    assert [r.code for r in raw(backend_url, *(request("mg", k) for k in keys))] == [b"EN"] * 3
+    header = semaphore_keys("corral", name).header
+    assert raw(backend_url, request("mg", header, "v"))[0].value == b"3"  # lingers, bounded
+
+
+def test_state_per_semaphore_name_is_bounded(backend_url: str) -> None:
+    """Names used once leave nothing: slots go with their TTL, the header by twice it."""
+    footprint = footprint_for("memcached", backend_url)
+    prefix = footprint.fresh_prefix()
+    with corral.connect(backend_url, prefix=prefix) as store:
+        before = footprint.count(store)
+        first: dict[str, int] = {}
+        for index in range(60):
+            slot = store.semaphore(f"{prefix}:{index}", 1 + index % 4, ttl=1)
+            assert slot.acquire() and slot.token is not None
+            first[slot.name] = slot.token
+            if index % 3 == 1:
+                slot.release(hold_for=0.5)
+            elif index % 3 == 2:
+                pass  # left to expire, as a crashed holder's would
+            else:
+                slot.release()
+        assert footprint.count(store) > before
+        time.sleep(2 * 1 + TTL_MARGIN + 1.2)  # the header: T(2 * ttl), and memcached's tick
+        # What stays: the fencing counter, shared by every name.
+        assert footprint.count(store) - before <= 1
+        for semaphore_name, token in list(first.items())[:5]:
+            again = store.semaphore(semaphore_name, 2, ttl=5)
+            assert again.acquire() and again.token is not None and again.token > token
+            again.release()
+
+
+def test_many_clients_never_exceed_the_limit(backend_url: str, name: str) -> None:
+    """Four stores (connections) of four threads each hammer one semaphore of 3."""
+    limit = 3
+    guard = threading.Lock()
+    inside: set[str] = set()
+    most = 0
+    tokens: list[int] = []
+    errors: list[BaseException] = []
+    stores = [corral.connect(backend_url) for _ in range(4)]
+    try:
+
+        def worker(store: corral.Store) -> None:
+            nonlocal most
+            try:
+                for _ in range(6):
+                    slot = store.semaphore(name, limit, ttl=30)
+                    assert slot.acquire(wait=60)
+                    assert slot.owner is not None and slot.token is not None
+                    with guard:
+                        inside.add(slot.owner)
+                        most = max(most, len(inside))
+                        tokens.append(slot.token)
+                    info = store.semaphore_info(name)
+                    assert info is not None and len(info.holders) <= limit
+                    time.sleep(0.002)
+                    with guard:
+                        inside.discard(slot.owner)
+                    slot.release()
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(s,)) for s in stores for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        for opened in stores:
+            opened.close()
+    assert not errors, errors
+    assert len(tokens) == 96 and len(set(tokens)) == 96
+    assert 1 <= most <= limit
+
+
+def test_a_limit_that_loses_the_race_for_the_header_gives_its_slot_back(
+    backend_url: str,
+    store: corral.Store,
+    other_store: corral.Store,
+    name: str,
+    interfere: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two limits on a free semaphore at once: only one becomes its identity."""
+    # Each takes the last free slot it saw: the winner slot 2, the loser slot 1, so the
+    # loser's take succeeds and only the header tells it that it lost.
+    monkeypatch.setattr(memcached_semaphores.random, "choice", lambda seq: seq[-1])
+    given_back: list[int] = []
+    give_back = MemcachedSemaphores._give_back
+
+    def spy(self: MemcachedSemaphores, call: Any, keys: Any, index: int, stored: Reply) -> None:
+        given_back.append(index)
+        give_back(self, call, keys, index, stored)
+
+    monkeypatch.setattr(MemcachedSemaphores, "_give_back", spy)
+    winner = other_store.semaphore(name, 3, ttl=30)
+
+    def first_the_other_limit() -> None:  # between the probe and the take
+        assert winner.acquire()
+
+    header = semaphore_keys("corral", name).header
+    fired = interfere(b"ms " + header.encode() + b" ", first_the_other_limit)
+    loser = store.semaphore(name, 2, ttl=30)
+    with pytest.raises(ConfigError, match="limit=3"):
+        loser.acquire()
+    assert fired and not loser.held and given_back == [1]
+    info = store.semaphore_info(name)
+    assert info is not None and info.limit == 3
+    assert [holder.owner for holder in info.holders] == [winner.owner]
+    replies = raw(backend_url, *(request("mg", key, "v") for key in slot_keys(name, 3)))
+    limits = {decode_slot(r.value)[1] for r in replies if r.value}  # type: ignore[index]
+    assert limits == {3}  # the loser's slot, if it took one, is gone
+    winner.release()
+
+
+def test_a_stale_header_yields_to_a_new_limit(
+    backend_url: str, store: corral.Store, name: str
+) -> None:
+    """After the last release the header lingers; a new limit replaces it, smaller or larger."""
+    for limit in (4, 2, 5):
+        slot = store.semaphore(name, limit, ttl=30)
+        assert slot.acquire()
+        info = store.semaphore_info(name)
+        assert info is not None and info.limit == limit
+        slot.release()
+
+
+def test_release_finds_its_slot_without_the_remembered_index(
+    store: corral.Store, other_store: corral.Store, name: str
+) -> None:
+    slots = [store.semaphore(name, 3, ttl=30) for _ in range(2)]
+    for slot in slots:
+        assert slot.acquire()
+    semaphores = store.backend._semaphores  # type: ignore[attr-defined]
+    semaphores._remembered = type(semaphores._remembered)()  # as after the cache dropped them
+    slots[0].extend(ttl=20)
+    slots[0].release()
+    slots[1].release()
+    assert store.semaphore_info(name) is None
+
+
+async def test_cancelled_semaphore_attempt_takes_no_slot(
+    backend_url: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = proto._Connection.call
+    taking = threading.Event()
+
+    def slow_take(self: proto._Connection, deadline: float, *requests: bytes) -> list[Reply]:
+        if any(is_slot_take(line, name, 2) for line in requests):
+            taking.set()
+            time.sleep(0.3)
+        return original(self, deadline, *requests)
+
+    monkeypatch.setattr(proto._Connection, "call", slow_take)
+    async with corral.aio.connect(backend_url) as store:
+        task = asyncio.create_task(store.semaphore(name, 2, ttl=60).acquire())
+        assert await asyncio.to_thread(taking.wait, 10)  # the take is on its way, in a thread
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await store.semaphore_info(name) is None
+        slots = [store.semaphore(name, 2, ttl=5) for _ in range(2)]
+        for slot in slots:
+            assert await slot.acquire()  # both slots are free
+        for slot in slots:
+            await slot.release()
+
+
+def test_semaphore_round_trips(store: corral.Store, name: str, round_trips: list[int]) -> None:
+    store.lock_info(name)  # opens the pooled connection: its greeting is not counted below
+
+    def cost(action: Callable[[], object]) -> int:
+        round_trips.clear()
+        action()
+        return len(round_trips)
+
+    slots = [store.semaphore(name, 2, ttl=30) for _ in range(3)]
+    assert cost(slots[0].acquire) == 2  # free: probe every slot, then take one
+    assert cost(slots[1].acquire) == 2
+    assert cost(slots[2].acquire) == 1  # full: the probe says so
+    assert round_trips == [1 + 2 + 1 + 1]  # one write: header, two slots, queue, counter
+    assert cost(slots[0].extend) == 2
+    assert cost(lambda: store.semaphore_info(name)) == 2  # the header, then its slots
+    assert cost(slots[0].release) == 2
+    assert cost(lambda: store.force_release_semaphore(name)) == 1
+
+
+def test_a_lost_header_comes_back_with_the_next_extension(
+    backend_url: str, store: corral.Store, name: str
+) -> None:
+    """As after an eviction of the header alone: readers see nothing until it is written."""
+    long = store.semaphore(name, 2, ttl=60)
+    short = store.semaphore(name, 2, ttl=1)
+    assert long.acquire() and short.acquire()
+    header = semaphore_keys("corral", name).header
+    (kept,) = raw(backend_url, request("mg", header, "t"))
+    assert kept.number("t") >= 60  # a shorter holder never lowers it
+    assert raw(backend_url, request("md", header))[0].code == b"HD"
+    assert store.semaphore_info(name) is None  # readers go by the header
+    short.extend()
+    info = store.semaphore_info(name)
+    assert info is not None and info.limit == 2 and len(info.holders) == 2
+    with pytest.raises(ConfigError, match="limit=2"):
+        store.semaphore(name, 3).acquire()
+    long.release()
+    short.release()

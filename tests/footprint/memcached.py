@@ -2,8 +2,9 @@
 
 `lru_crawler metadump all` walks every item and skips expired ones (memcached
 reclaims those lazily, and never serves them), so this counts what a name
-really keeps: held locks, closed locks, placeholders, queues, places, and the
-one fencing counter per prefix.
+really keeps: held locks, closed locks, placeholders, queues, places, the same
+for semaphores (slots, their placeholders, the header that keeps a semaphore's
+limit), and the one fencing counter per prefix.
 
 per_held=1: a held lock is one item. constant=1: the fencing counter, created
 by the first acquisition under a prefix. Nothing else may stay once names are

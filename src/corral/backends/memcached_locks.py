@@ -116,14 +116,27 @@ from corral.backends.memcached_proto import (
 from corral.core.primitives import Attempt, LockInfo, Outcome
 from corral.errors import BackendError
 
-__all__ = ["PLACEHOLDER_TTL", "AttemptTicket", "MemcachedLocks", "QueueState"]
+__all__ = [
+    "CHECK_CHUNK",
+    "PLACEHOLDER_TTL",
+    "AttemptTicket",
+    "Attempts",
+    "MemcachedLocks",
+    "Place",
+    "QueueState",
+    "draw_token",
+    "holder_ttl",
+    "join_requests",
+    "joined",
+    "parse_queue",
+]
 
 PLACEHOLDER_TTL = 3
 """Whole seconds a free lock's placeholder lives: room for the acquisition that follows its
 probe (a round trip later), and soon gone when nobody acquires."""
 _ROUNDS = 3
 """Probes per attempt when the placeholder vanished or was replaced by a fresh one."""
-_CHECK_CHUNK = 16
+CHECK_CHUNK = 16
 """Places checked per round trip when entries are ahead of the caller in the queue."""
 _JOIN_TRIES = 3
 _CAS_RETRIES = 8
@@ -144,7 +157,7 @@ class AttemptTicket:
     caller gave up before its thread started never runs.
     """
 
-    def __init__(self, registry: _Attempts, name: str, owner: str) -> None:
+    def __init__(self, registry: Attempts, name: str, owner: str) -> None:
         self._registry = registry
         self.name = name
         self.owner = owner
@@ -177,7 +190,7 @@ class AttemptTicket:
         self.done.set()
 
 
-class _Attempts:
+class Attempts:
     def __init__(self) -> None:
         self._reset()
         fork_aware(self)
@@ -252,7 +265,7 @@ class QueueState:
 
 
 @dataclass(frozen=True, slots=True)
-class _Place:
+class Place:
     id: str
     key: str
     ttl: int
@@ -271,7 +284,7 @@ class MemcachedLocks:
         self.timeout = options.timeout
         self.server = options.server
         self._fence = fence_key(options.prefix)
-        self._attempts = _Attempts()
+        self._attempts = Attempts()
 
     def begin_attempt(self, name: str, owner: str) -> AttemptTicket:
         """Register an attempt before it runs; see `AttemptTicket`."""
@@ -295,7 +308,7 @@ class MemcachedLocks:
             if queue_ttl is not None:
                 found = place_id(keys.lock, owner)
                 ttl_sent = server_ttl(queue_ttl, "queue_ttl")
-                place = _Place(found, place_key(self.prefix, found), ttl_sent)
+                place = Place(found, place_key(self.prefix, found), ttl_sent)
             with self.client.session(name, "acquire") as call:
                 for _ in range(_ROUNDS):
                     attempt = self._attempt(call, name, owner, keys, seconds, place)
@@ -312,7 +325,7 @@ class MemcachedLocks:
         owner: str,
         keys: LockKeys,
         seconds: int,
-        place: _Place | None,
+        place: Place | None,
     ) -> Attempt | None:
         """One probe and what follows it; None when the placeholder went away under us."""
         probes = [
@@ -340,7 +353,7 @@ class MemcachedLocks:
             if join:
                 assert place is not None
                 self._join(call, keys, place)
-            return Attempt(False, holder_ttl=_holder_ttl(probe))
+            return Attempt(False, holder_ttl=holder_ttl(probe))
         ahead = queue.ahead_of(None if place is None else place.id)
         if ahead and self._any_alive(call, keys, ahead, place if join else None):
             return Attempt(False)  # a live waiter is ahead: every attempt respects it
@@ -361,22 +374,22 @@ class MemcachedLocks:
         if stored.code not in (b"EX", b"NF"):
             raise ProtocolError(f"unexpected reply {stored!r} to ms")
         if after.code == b"HD" and after.number("s") > 0:
-            return Attempt(False, holder_ttl=_holder_ttl(after))  # another attempt won it
+            return Attempt(False, holder_ttl=holder_ttl(after))  # another attempt won it
         return None  # the placeholder expired or was replaced: probe again
 
     def _any_alive(
-        self, call: Call, keys: LockKeys, ahead: Sequence[str], joining: _Place | None
+        self, call: Call, keys: LockKeys, ahead: Sequence[str], joining: Place | None
     ) -> bool:
         """Whether any place in `ahead` lives; joins the queue on the way if asked."""
-        join = _join_requests(keys, joining) if joining is not None else []
+        join = join_requests(keys.queue, joining) if joining is not None else []
         alive = False
-        for start in range(0, len(ahead), _CHECK_CHUNK):
-            chunk = ahead[start : start + _CHECK_CHUNK]
+        for start in range(0, len(ahead), CHECK_CHUNK):
+            chunk = ahead[start : start + CHECK_CHUNK]
             checks = [request("mg", place_key(self.prefix, entry)) for entry in chunk]
             replies = call(*checks, *join)
             if join:
                 assert joining is not None
-                if not _joined(replies[len(checks) :]):
+                if not joined(replies[len(checks) :]):
                     self._join(call, keys, joining)
                 join = []
             if any(reply.code == b"HD" for reply in replies[: len(checks)]):
@@ -384,34 +397,18 @@ class MemcachedLocks:
                 break
         return alive
 
-    def _join(self, call: Call, keys: LockKeys, place: _Place) -> None:
+    def _join(self, call: Call, keys: LockKeys, place: Place) -> None:
         """Append `place` to the queue, creating the queue if there is none."""
         for _ in range(_JOIN_TRIES):
-            if _joined(call(*_join_requests(keys, place))):
+            if joined(call(*join_requests(keys.queue, place))):
                 return
         # Created and gone again each time: the next attempt joins.
 
     def _queue(self, name: str, keys: LockKeys, reply: Reply) -> QueueState:
-        if reply.code == b"EN":
-            return QueueState()
-        if reply.code != b"VA" or reply.value is None:
-            raise ProtocolError(f"unexpected reply {reply!r} to mg")
-        entries = QueueState.parse(reply.value)
-        if entries is None:
-            raise self.client.foreign(name, keys.queue, reply.value)
-        return QueueState(entries, reply.number("c"), reply.number("t"))
+        return parse_queue(self.client, name, keys.queue, reply)
 
     def _token(self, name: str, reply: Reply) -> int:
-        """The fencing token from the counter's `VA` reply to `ma`."""
-        if reply.code != b"VA" or reply.value is None:
-            raise BackendError(
-                f"lock {name!r} on {self.server}: could not draw a fencing token from "
-                f"{self._fence} (memcached answered {reply.code.decode('ascii', 'replace')}; "
-                "out of memory?)"
-            )
-        if not reply.value.isdigit():
-            raise self.client.foreign(name, self._fence, reply.value)
-        return int(reply.value)
+        return draw_token(self.client, name, self._fence, reply)
 
     def release(self, name: str, owner: str, hold_for: float = 0.0) -> Outcome:
         """Compare-and-delete by owner; with `hold_for`, compare-and-set it ownerless that long.
@@ -554,21 +551,50 @@ class MemcachedLocks:
 _UTF8, _SP = "utf-8", "surrogatepass"
 
 
-def _join_requests(keys: LockKeys, place: _Place) -> list[bytes]:
+def parse_queue(
+    client: MemcachedClient, name: str, key: str, reply: Reply, kind: str = "lock"
+) -> QueueState:
+    """The queue as an `mg <queue> v c t` reply shows it (empty when there is none)."""
+    if reply.code == b"EN":
+        return QueueState()
+    if reply.code != b"VA" or reply.value is None:
+        raise ProtocolError(f"unexpected reply {reply!r} to mg")
+    entries = QueueState.parse(reply.value)
+    if entries is None:
+        raise client.foreign(name, key, reply.value, kind)
+    return QueueState(entries, reply.number("c"), reply.number("t"))
+
+
+def draw_token(
+    client: MemcachedClient, name: str, fence: str, reply: Reply, kind: str = "lock"
+) -> int:
+    """The fencing token from the counter's `VA` reply to `ma`."""
+    if reply.code != b"VA" or reply.value is None:
+        raise BackendError(
+            f"{kind} {name!r} on {client.server}: could not draw a fencing token from "
+            f"{fence} (memcached answered {reply.code.decode('ascii', 'replace')}; "
+            "out of memory?)"
+        )
+    if not reply.value.isdigit():
+        raise client.foreign(name, fence, reply.value, kind)
+    return int(reply.value)
+
+
+def join_requests(queue_key: str, place: Place) -> list[bytes]:
     """Append to the queue, else create it: one of the two stores, in one round trip."""
     entry = QueueState.encode([place.id])
     return [
-        request("ms", keys.queue, "MA", data=entry),
-        request("ms", keys.queue, "ME", f"T{place.ttl}", data=entry),
+        request("ms", queue_key, "MA", data=entry),
+        request("ms", queue_key, "ME", f"T{place.ttl}", data=entry),
     ]
 
 
-def _joined(replies: Sequence[Reply]) -> bool:
-    """Whether the append or the create of `_join_requests` stored the entry."""
+def joined(replies: Sequence[Reply]) -> bool:
+    """Whether the append or the create of `join_requests` stored the entry."""
     return any(reply.code == b"HD" for reply in replies)
 
 
-def _holder_ttl(reply: Reply) -> float | None:
+def holder_ttl(reply: Reply) -> float | None:
     """The holder's remaining TTL in whole seconds, margin included: waiters never spin on it."""
     remaining = reply.number("t")
     return float(remaining) if remaining >= 0 else None

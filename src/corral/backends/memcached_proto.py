@@ -41,9 +41,13 @@ spaces, control characters, NUL, non-ASCII, lone surrogates) becomes
 `<prefix>:lock#<readable part>#<32 hex digits of sha256(name)>`, so every `str`
 is a valid name, deterministically, and the two forms never collide (":" and
 "#" after the kind). Per waiter: `<prefix>:place:<32 hex digits of
-sha256(lock key, owner)>`. Per server: `<prefix>:fence`, the fencing counter.
+sha256(lock key, owner)>`. Per server: `<prefix>:fence`, the fencing counter. Per semaphore name:
+`<prefix>:sem:<name>` (its limit), `<prefix>:semqueue:<name>` and a slot key
+`<prefix>:slot:<name>#<i>` for each i < limit, hashed the same way, so a
+semaphore never shares a key with the lock of the same name.
 Values are `<token>:<owner>` (`<token>:` while closed by `hold_for`; empty for
-the placeholder a free lock's probe leaves), as in the Redis backend.
+the placeholder a free lock's probe leaves), as in the Redis backend; a slot's
+are `<token>:<limit>:<owner>`.
 
 **Connections.** A pool per store and process: thread-safe, bounded by
 `max_connections` if given (a caller waits for a free connection within
@@ -107,9 +111,12 @@ __all__ = [
     "ProtocolError",
     "Reply",
     "ReplyParser",
+    "SemaphoreKeys",
     "ServerRefused",
     "check_prefix",
+    "decode_slot",
     "decode_value",
+    "encode_slot",
     "encode_value",
     "fence_key",
     "fork_aware",
@@ -119,6 +126,7 @@ __all__ = [
     "place_id",
     "place_key",
     "request",
+    "semaphore_keys",
     "server_ttl",
     "shown_url",
 ]
@@ -200,6 +208,34 @@ def lock_keys(prefix: str, name: str) -> LockKeys:
     return LockKeys(lock=lock, queue=_key(prefix, "queue", name), route=lock)
 
 
+class SemaphoreKeys(NamedTuple):
+    """Everything one semaphore name keeps on the server (besides its waiters' places)."""
+
+    name: str
+    prefix: str
+    header: str
+    """The limit the current holders took their slots with (its digits), kept at least as
+    long as any slot: the semaphore's identity, and how readers know which slots to read."""
+    queue: str
+    """The waiting queue, as a lock's: place ids in arrival order."""
+    route: str
+    """What a router hashes to choose the server: every key of a semaphore lives on one."""
+
+    def slot(self, index: int) -> str:
+        """Slot `index` (0 <= index < limit): `<token>:<limit>:<owner>` while taken."""
+        return _key(self.prefix, "slot", f"{self.name}#{index}")
+
+
+def semaphore_keys(prefix: str, name: str) -> SemaphoreKeys:
+    """The keys of semaphore `name`, apart from any lock's: `corral:sem:pool`, `corral:slot:pool#0`.
+
+    A slot key names the semaphore and the index, split at the last "#", so no two
+    (name, index) pairs share a key; names that cannot be keys are hashed as for locks.
+    """
+    header = _key(prefix, "sem", name)
+    return SemaphoreKeys(name, prefix, header, _key(prefix, "semqueue", name), header)
+
+
 def place_id(lock_key: str, owner: str) -> str:
     """The id under which `owner` waits in the queue of the lock stored at `lock_key`."""
     return _digest(lock_key, owner)
@@ -258,6 +294,25 @@ def decode_value(raw: bytes) -> tuple[int, str | None] | None:
     except UnicodeDecodeError:
         return None
     return int(token), text or None
+
+
+def encode_slot(token: int, limit: int, owner: str | None) -> bytes:
+    """A taken slot: `<token>:<limit>:<owner>`, the owner empty while closed by `hold_for`."""
+    tail = b"" if owner is None else owner.encode("utf-8", "surrogatepass")
+    return b"%d:%d:%s" % (token, limit, tail)
+
+
+def decode_slot(raw: bytes) -> tuple[int, int, str | None] | None:
+    """`(token, limit, owner)` of a taken slot, or None for a foreign value."""
+    token, sep, rest = raw.partition(b":")
+    limit, sep2, owner = rest.partition(b":")
+    if not (sep and sep2 and token.isdigit() and limit.isdigit()):
+        return None
+    try:
+        text = owner.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:
+        return None
+    return int(token), int(limit), text or None
 
 
 # -- the protocol, with no I/O ----------------------------------------------------
@@ -825,7 +880,7 @@ class MemcachedClient:
             raise
 
     @contextlib.contextmanager
-    def session(self, name: str, action: str) -> Iterator[Call]:
+    def session(self, name: str, action: str, kind: str = "lock") -> Iterator[Call]:
         """One connection for one whole operation, its errors as corral's; `timeout` bounds it.
 
         Every round trip of an operation goes over this one connection, so a
@@ -833,7 +888,7 @@ class MemcachedClient:
         another's: a restart in between breaks the connection instead.
         """
         deadline = time.monotonic() + self.timeout
-        with self._errors(name, action), self._pool.connection(deadline) as conn:
+        with self._errors(name, action, kind), self._pool.connection(deadline) as conn:
 
             def call(*requests: bytes) -> list[Reply]:
                 return conn.call(deadline, *requests)
@@ -841,8 +896,8 @@ class MemcachedClient:
             yield call
 
     @contextlib.contextmanager
-    def _errors(self, name: str, action: str) -> Iterator[None]:
-        where = f"lock {name!r} on {self.server}: could not {action} it"
+    def _errors(self, name: str, action: str, kind: str) -> Iterator[None]:
+        where = f"{kind} {name!r} on {self.server}: could not {action} it"
         try:
             yield
         except _StoreClosed:
@@ -928,10 +983,10 @@ class MemcachedClient:
             )
         return BackendError(f"{where}: memcached answered {line!r}; check the server's logs")
 
-    def foreign(self, name: str, key: str, value: bytes) -> BackendError:
+    def foreign(self, name: str, key: str, value: bytes, kind: str = "lock") -> BackendError:
         """The error for a value under our prefix that corral did not write."""
         return BackendError(
-            f"lock {name!r} on {self.server}: {key} holds {value[:80]!r}, which corral did not "
+            f"{kind} {name!r} on {self.server}: {key} holds {value[:80]!r}, which corral did not "
             "write; another program uses the same key prefix (choose another prefix=)"
         )
 

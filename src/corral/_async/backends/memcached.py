@@ -27,6 +27,11 @@ pass `queue_ttl` keep places in a queue built from memcached's atomic steps
 (see `corral.backends.memcached_locks`): in arrival order, each alive only
 while its waiter refreshes it, respected by every attempt; an eviction or a
 restart can reorder or forget the queue, never break exclusion.
+
+Semaphores (`corral.backends.memcached_semaphores`) keep a key per slot, each
+taken as a free lock is, and poll the same way: a slot released in this
+process wakes this process's waiters of that semaphore through
+`semaphore_bus`; others find the free slot at their next attempt.
 """
 
 from __future__ import annotations
@@ -37,10 +42,11 @@ from corral._async._compat import run_sync
 from corral._async.backends.base import AsyncBackend
 from corral.backends.memcached_locks import MemcachedLocks
 from corral.backends.memcached_proto import OPTIONS, MemcachedOptions, parse_url
+from corral.backends.memcached_semaphores import MemcachedSemaphores
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock
 from corral.core.options import Option
-from corral.core.primitives import Attempt, LockInfo, Outcome
+from corral.core.primitives import Attempt, LockInfo, Outcome, SemaphoreInfo
 from corral.errors import ConfigError
 
 __all__ = ["AsyncMemcachedBackend"]
@@ -98,6 +104,10 @@ class AsyncMemcachedBackend(AsyncBackend):
             "3 s, a waiter's place and the queue by ceil(queue_ttl) + 2 s after the last "
             "refresh; one counter per server and prefix stays"
         ),
+        semaphores=(
+            "a key per slot (`<name>#<i>`, i < limit <= 100), each taken by compare-and-swap on "
+            "the placeholder its probe left, with the limit in a header key"
+        ),
     )
 
     url_options: ClassVar[tuple[Option, ...]] = OPTIONS
@@ -105,6 +115,7 @@ class AsyncMemcachedBackend(AsyncBackend):
     def __init__(self, options: MemcachedOptions) -> None:
         super().__init__()
         self._locks = MemcachedLocks(options)
+        self._semaphores = MemcachedSemaphores(self._locks.client, options)
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock, **options: Any) -> AsyncMemcachedBackend:
@@ -158,6 +169,46 @@ class AsyncMemcachedBackend(AsyncBackend):
     async def leave_queue(self, name: str, owner: str) -> None:
         if await run_sync(self._locks.leave_queue, name, owner):
             self.local_bus.notify(name)  # the next in line may be waiting in this process
+
+    # -- semaphores: a slot key per slot, each taken as a free lock is -------------
+
+    async def sem_try_acquire(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        limit: int,
+        *,
+        queue_ttl: float | None = None,
+    ) -> Attempt:
+        ticket = self._semaphores.begin_attempt(name, owner)
+        try:
+            return await run_sync(self._semaphores.try_acquire, ticket, ttl, limit, queue_ttl)
+        finally:
+            ticket.abandon()  # if the attempt never started, it never will
+
+    async def sem_release(self, name: str, owner: str, hold_for: float = 0.0) -> Outcome:
+        outcome = await run_sync(self._semaphores.release, name, owner, hold_for)
+        if outcome is Outcome.OK and hold_for <= 0:
+            self.semaphore_bus.notify(name)
+        return outcome
+
+    async def sem_extend(self, name: str, owner: str, ttl: float) -> Outcome:
+        return await run_sync(self._semaphores.extend, name, owner, ttl)
+
+    async def sem_inspect(self, name: str) -> SemaphoreInfo | None:
+        return await run_sync(self._semaphores.inspect, name)
+
+    async def sem_force_release(self, name: str) -> int:
+        freed = await run_sync(self._semaphores.force_release, name)
+        if freed:
+            self.semaphore_bus.notify(name)
+        return freed
+
+    async def sem_leave_queue(self, name: str, owner: str) -> None:
+        await run_sync(self._semaphores.leave_queue, name, owner)
+        # A waiter behind this one may now be among those a free slot lets in.
+        self.semaphore_bus.notify(name)
 
     async def aclose(self) -> None:
         await run_sync(self._locks.close)

@@ -29,6 +29,11 @@ pass `queue_ttl` keep places in a queue built from memcached's atomic steps
 (see `corral.backends.memcached_locks`): in arrival order, each alive only
 while its waiter refreshes it, respected by every attempt; an eviction or a
 restart can reorder or forget the queue, never break exclusion.
+
+Semaphores (`corral.backends.memcached_semaphores`) keep a key per slot, each
+taken as a free lock is, and poll the same way: a slot released in this
+process wakes this process's waiters of that semaphore through
+`semaphore_bus`; others find the free slot at their next attempt.
 """
 
 from __future__ import annotations
@@ -39,10 +44,11 @@ from corral._sync._compat import run_sync
 from corral._sync.backends.base import Backend
 from corral.backends.memcached_locks import MemcachedLocks
 from corral.backends.memcached_proto import OPTIONS, MemcachedOptions, parse_url
+from corral.backends.memcached_semaphores import MemcachedSemaphores
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock
 from corral.core.options import Option
-from corral.core.primitives import Attempt, LockInfo, Outcome
+from corral.core.primitives import Attempt, LockInfo, Outcome, SemaphoreInfo
 from corral.errors import ConfigError
 
 __all__ = ["MemcachedBackend"]
@@ -100,6 +106,10 @@ class MemcachedBackend(Backend):
             "3 s, a waiter's place and the queue by ceil(queue_ttl) + 2 s after the last "
             "refresh; one counter per server and prefix stays"
         ),
+        semaphores=(
+            "a key per slot (`<name>#<i>`, i < limit <= 100), each taken by compare-and-swap on "
+            "the placeholder its probe left, with the limit in a header key"
+        ),
     )
 
     url_options: ClassVar[tuple[Option, ...]] = OPTIONS
@@ -107,6 +117,7 @@ class MemcachedBackend(Backend):
     def __init__(self, options: MemcachedOptions) -> None:
         super().__init__()
         self._locks = MemcachedLocks(options)
+        self._semaphores = MemcachedSemaphores(self._locks.client, options)
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock, **options: Any) -> MemcachedBackend:
@@ -160,6 +171,46 @@ class MemcachedBackend(Backend):
     def leave_queue(self, name: str, owner: str) -> None:
         if run_sync(self._locks.leave_queue, name, owner):
             self.local_bus.notify(name)  # the next in line may be waiting in this process
+
+    # -- semaphores: a slot key per slot, each taken as a free lock is -------------
+
+    def sem_try_acquire(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        limit: int,
+        *,
+        queue_ttl: float | None = None,
+    ) -> Attempt:
+        ticket = self._semaphores.begin_attempt(name, owner)
+        try:
+            return run_sync(self._semaphores.try_acquire, ticket, ttl, limit, queue_ttl)
+        finally:
+            ticket.abandon()  # if the attempt never started, it never will
+
+    def sem_release(self, name: str, owner: str, hold_for: float = 0.0) -> Outcome:
+        outcome = run_sync(self._semaphores.release, name, owner, hold_for)
+        if outcome is Outcome.OK and hold_for <= 0:
+            self.semaphore_bus.notify(name)
+        return outcome
+
+    def sem_extend(self, name: str, owner: str, ttl: float) -> Outcome:
+        return run_sync(self._semaphores.extend, name, owner, ttl)
+
+    def sem_inspect(self, name: str) -> SemaphoreInfo | None:
+        return run_sync(self._semaphores.inspect, name)
+
+    def sem_force_release(self, name: str) -> int:
+        freed = run_sync(self._semaphores.force_release, name)
+        if freed:
+            self.semaphore_bus.notify(name)
+        return freed
+
+    def sem_leave_queue(self, name: str, owner: str) -> None:
+        run_sync(self._semaphores.leave_queue, name, owner)
+        # A waiter behind this one may now be among those a free slot lets in.
+        self.semaphore_bus.notify(name)
 
     def close(self) -> None:
         run_sync(self._locks.close)
