@@ -104,7 +104,9 @@ class MemcachedBackend(Backend):
             "nothing: a released lock is deleted, an expired one or one closed by hold_for "
             "vanishes by ceil(ttl) + 2 s, the placeholder a free lock's probe leaves within "
             "3 s, a waiter's place and the queue by ceil(queue_ttl) + 2 s after the last "
-            "refresh; one counter per server and prefix stays"
+            "refresh; one counter per server and prefix stays; a semaphore's slots go as a "
+            "lock's do, and its header (the limit) by 2 ceil(ttl) + 2 s after the last "
+            "acquisition or extension"
         ),
         semaphores=(
             "a key per slot (`<name>#<i>`, i < limit <= 100), each taken by compare-and-swap on "
