@@ -124,7 +124,9 @@ def elections_table(declarations: list[Declared]) -> str:
     for d in declarations:
         c = d.capabilities
         within = f"`ttl` + {c.ttl_slack:g} s" if c.ttl_slack else "`ttl`"
-        heard = "at once (pushed)" if c.notifies else "at the next poll (at most 1 s)"
+        heard = (
+            "usually at once (pushed), within 1 s at worst" if c.notifies else "within 1 s (polled)"
+        )
         rows.append(
             f"| `{c.scheme}://` | {yes(c.cross_host)} | {yes(c.linearizable)} | {within} "
             f"| {heard} |"
