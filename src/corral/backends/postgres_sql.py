@@ -54,7 +54,13 @@ already. `CREATE TABLE IF NOT EXISTS` alone is not safe when two sessions run
 it at once: both may find the table missing and one then fails on the unique
 index of `pg_type` (or `pg_class`). So the creation runs in one transaction
 that first takes `pg_advisory_xact_lock` on a fixed key: creators queue, and
-each sees what the previous one committed. To create the tables ahead of time
+each sees what the previous one committed, and sends only the statements
+whose object is still missing: `CREATE INDEX IF NOT EXISTS` locks its table
+even when the index exists, and a creator holding that lock while it creates
+the next object would deadlock with the statements of stores already using
+both tables (creators that queued behind the first, or a store of a newer
+version adding the semaphores' tables next to the locks' while they are in
+use). To create the tables ahead of time
 instead (a deploy step, or a role that may not run DDL), run the text of
 `migration_sql()`; corral then finds them and sends no DDL.
 
@@ -569,6 +575,34 @@ class Statements:
             "waiters_expiry": f"{s}.{waiters_expiry}",
         }
         self.schema_lock = "SELECT pg_advisory_xact_lock(%(key)s)"
+        # The object each statement of `ddl` creates, and which of them exist, asked
+        # once the schema lock is had: from the catalog tables themselves, as of now.
+        # (`to_regclass` may answer from the session's cache, which a wait for an
+        # advisory lock does not refresh, and say "missing" about tables committed
+        # meanwhile.)
+        self.ddl_objects = tuple(
+            table_prefix + suffix
+            for suffix in (
+                "tokens",
+                "locks",
+                "locks_expiry",
+                "queue",
+                "queue_arrival",
+                "queue_expiry",
+                "sem_slots",
+                "sem_slots_expiry",
+                "sem_waiters",
+                "sem_waiters_arrival",
+                "sem_waiters_expiry",
+            )
+        )
+        assert len(self.ddl_objects) == len(self.ddl)
+        self.created = (
+            "SELECT c.relname FROM pg_catalog.pg_class c"
+            " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %(schema)s AND c.relname = ANY(%(objects)s)"
+        )
+        self.created_params = {"schema": schema, "objects": list(self.ddl_objects)}
         # Both channels on the one LISTEN connection, in one round trip (no parameters:
         # the simple query protocol, which takes several statements).
         self.listen = f"LISTEN {quote_ident(self.channel)}; LISTEN {quote_ident(self.sem_channel)}"

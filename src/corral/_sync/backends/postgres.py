@@ -38,6 +38,13 @@ waiters of the lock it names. The LISTEN completes before the first waiter's
 release committed after that is heard: no lost wake-up. If that connection
 fails, every waiter is woken, re-attempts, and the next wait opens a new one.
 
+**Semaphores.** A slot is a row of a table of its own, and an attempt is the
+same two statements in one round trip as a lock's: the semaphore's turn (an
+advisory lock in a key space no lock's turn shares), then one statement that
+counts the live slots, checks the holders' limit and the waiters ahead, and
+inserts the slot. Releases notify on a channel of their own, which the same
+LISTEN connection hears (postgres_sql: "Semaphores").
+
 **Timeouts.** Every call fails with `BackendUnavailable` within about
 `timeout` seconds: the pool waits that long for a connection, `connect_timeout`
 bounds a new connection, the server ends a statement after
@@ -395,10 +402,14 @@ class PostgresBackend(Backend):
                 with conn.transaction():
                     # Serialises concurrent creators: see postgres_sql's docstring.
                     conn.execute(statements.schema_lock, {"key": sql.SCHEMA_LOCK_KEY})
+                    # Only what is still missing (postgres_sql: "Creating them").
+                    cursor = conn.execute(statements.created, statements.created_params)
+                    present = {relname for (relname,) in cursor.fetchall()}
                     if not has_schema:
                         conn.execute(statements.create_schema)
-                    for statement in statements.ddl:
-                        conn.execute(statement)
+                    for statement, made in zip(statements.ddl, statements.ddl_objects, strict=True):
+                        if made not in present:
+                            conn.execute(statement)
         self._schema_ready = True
 
     def _configure(self, conn: _Connection) -> None:
