@@ -36,6 +36,7 @@ from corral._sync.store import Store
 from corral.backends.postgres_sql import (
     READABLE_CHARS,
     SWEEP_EVERY,
+    Statements,
     lock_key,
     migration_sql,
     parse_url,
@@ -1046,3 +1047,402 @@ def test_ctrl_c_after_the_grant_takes_the_lock_back(backend_url: str, name: str)
         again = other.lock(name, ttl=5)
         assert again.acquire()
         again.release()
+
+
+# -- semaphores ------------------------------------------------------------------------------
+
+
+def slot_rows(url: str, store: Any) -> list[tuple[Any, ...]]:
+    """Every (key, owner) slot of the store's semaphore table, and every (key, owner) place."""
+    statements = store.backend._sql
+    return query(url, f"SELECT name, owner FROM {statements.slots} ORDER BY token") + query(
+        url, f"SELECT name, owner FROM {statements.waiters} ORDER BY arrival"
+    )
+
+
+def test_semaphore_names_used_once_leave_nothing_behind(backend_url: str) -> None:
+    """Slots released, closed with hold_for or left to expire, and dead fair waiters'
+    places: each row is gone once expired, swept by later acquisitions of locks as of
+    semaphores (and locks' rows by semaphores' acquisitions), and tokens still increase
+    per name."""
+    prefix = fresh()
+    with (
+        corral.connect(backend_url, table_prefix=prefix) as store,
+        corral.connect(backend_url, table_prefix=prefix) as other,
+    ):
+        backend = store.backend
+        first_tokens: dict[str, int] = {}
+        for index in range(240):
+            sem_name = f"once:{index}"
+            taken = [
+                s.backend.sem_try_acquire(sem_name, f"o{index}-{s is store}", 0.4, 2)
+                for s in (store, other)
+            ]
+            assert all(attempt.acquired for attempt in taken)
+            first_tokens[sem_name] = max(a.token for a in taken if a.token is not None)
+            assert backend.sem_release(sem_name, f"o{index}-True") is Outcome.OK
+            if index % 3 == 0:
+                assert other.backend.sem_release(sem_name, f"o{index}-False", 0.3) is Outcome.OK
+            elif index % 3 == 1:
+                pass  # left to expire, as a crashed holder's would
+            else:
+                assert other.backend.sem_release(sem_name, f"o{index}-False") is Outcome.OK
+            if index % 20 == 0:
+                # A fair waiter that dies while queued, behind a holder that crashed.
+                queued = f"queued:{index}"
+                assert backend.sem_try_acquire(queued, "crashed", 0.4, 1).acquired
+                assert not backend.sem_try_acquire(queued, "dead", 30, 1, queue_ttl=0.3).acquired
+        held = backend.sem_try_acquire("held", "keeper", 60, 3)
+        assert held.acquired
+        # Released slots are deleted at once; the others wait for their expiry.
+        assert all(
+            owner is None or not owner.endswith("True")
+            for _, owner in slot_rows(backend_url, store)
+        )
+        time.sleep(0.8)
+        for index in range(10 * SWEEP_EVERY):  # lock traffic only
+            assert backend.try_acquire(f"traffic:{index}", "t", 30).acquired
+            backend.release(f"traffic:{index}", "t")
+        assert slot_rows(backend_url, store) == [("held", "keeper")]
+        assert rows_of(backend_url, store) == []
+        for sem_name in list(first_tokens)[:5]:
+            again = other.backend.sem_try_acquire(sem_name, "again", 30, 2)
+            assert again.acquired and again.token is not None
+            assert again.token > first_tokens[sem_name]
+            assert other.backend.sem_release(sem_name, "again") is Outcome.OK
+        # And the other way round: locks left behind, swept by semaphore traffic.
+        for index in range(100):
+            assert backend.try_acquire(f"lock-once:{index}", "l", 0.3).acquired
+        time.sleep(0.6)
+        for index in range(10 * SWEEP_EVERY):
+            assert backend.sem_try_acquire(f"sem-traffic:{index}", "s", 30, 2).acquired
+            assert backend.sem_release(f"sem-traffic:{index}", "s") is Outcome.OK
+        assert rows_of(backend_url, store) == []
+        assert slot_rows(backend_url, store) == [("held", "keeper")]
+        assert backend.sem_release("held", "keeper") is Outcome.OK
+        assert slot_rows(backend_url, store) == []
+
+
+@pytest.mark.parametrize("length", [20, 20_000])
+def test_a_slot_freed_elsewhere_wakes_the_semaphore_waiter_at_once(
+    backend_url: str, length: int
+) -> None:
+    name = (uuid.uuid4().hex * (length // 32 + 1))[:length]
+    with corral.connect(backend_url) as holder_store, corral.connect(backend_url) as waiter_store:
+        for free in ("release", "force_release"):
+            holders = [holder_store.semaphore(name, 2, ttl=30) for _ in range(2)]
+            for holder in holders:
+                assert holder.acquire()
+            woke: list[float] = []
+
+            def wait(store: corral.Store = waiter_store, woke: list[float] = woke) -> None:
+                slot = store.semaphore(name, 2, ttl=30)
+                assert slot.acquire(wait=20)
+                woke.append(time.monotonic())
+                slot.release()
+
+            thread = threading.Thread(target=wait)
+            thread.start()
+            time.sleep(0.3)
+            freed_at = time.monotonic()
+            if free == "release":
+                holders[0].release()
+            else:
+                assert holder_store.force_release_semaphore(name) == 2
+            thread.join(30)
+            # Well under the one-second re-check: the NOTIFY woke it.
+            assert woke and woke[0] - freed_at < 0.5, (free, woke)
+            holder_store.force_release_semaphore(name)
+
+
+@pytest.mark.parametrize("odd", ["nul\x00byte", "é" * 600], ids=["nul", "long"])
+def test_slot_releases_notify_the_semaphores_channel_with_the_key(
+    backend_url: str, name: str, odd: str
+) -> None:
+    """A semaphore's wake-ups go on a channel of their own, never the locks' one, with
+    the key its waiters listen for; a slot kept closed wakes nobody."""
+    sem_name = name + odd
+    key = lock_key(sem_name)
+    assert key != sem_name
+    with (
+        corral.connect(backend_url) as store,
+        psycopg.connect(backend_url, autocommit=True) as ear,
+    ):
+        statements = store.backend._sql
+        assert statements.sem_channel != statements.channel
+        ear.execute(f'LISTEN "{statements.channel}"')
+        ear.execute(f'LISTEN "{statements.sem_channel}"')
+        backend = store.backend
+
+        def heard(timeout: float = 10) -> list[tuple[str, str]]:
+            notes = ear.notifies(timeout=timeout, stop_after=1)
+            return [(note.channel, note.payload) for note in notes]
+
+        told = [(statements.sem_channel, key)]
+        assert backend.sem_try_acquire(sem_name, "a", 30, 2).acquired
+        assert backend.sem_try_acquire(sem_name, "b", 30, 2).acquired
+        assert backend.sem_release(sem_name, "a") is Outcome.OK
+        assert heard() == told
+        assert backend.sem_release(sem_name, "b", hold_for=30) is Outcome.OK
+        assert backend.sem_try_acquire(sem_name, "c", 30, 2).acquired
+        assert not backend.sem_try_acquire(sem_name, "d", 30, 2, queue_ttl=10).acquired
+        backend.sem_leave_queue(sem_name, "d")  # a waiter behind it may go now
+        assert heard() == told  # and nothing about the closed slot came before
+        assert backend.sem_force_release(sem_name) == 2
+        assert heard() == told
+        assert heard(timeout=0.3) == []  # one notification for the two slots
+        info = backend.sem_inspect(sem_name)
+        assert info is None
+        assert [row for row in slot_rows(backend_url, store) if row[0] == key] == []
+
+
+def test_concurrent_attempts_from_many_connections_never_exceed_the_limit(
+    backend_url: str, name: str
+) -> None:
+    """Six stores (twelve connections) at once, on tables they create as they start: first
+    use included, no attempt grants a slot past the limit, none deadlocks."""
+    limit = 3
+    prefix = fresh()
+    stores = [corral.connect(backend_url, max_connections=2, table_prefix=prefix) for _ in range(6)]
+    key = lock_key(name)
+    slots_table = stores[0].backend._sql.slots
+    try:
+        # Nobody releases: exactly `limit` of 240 attempts (a quarter of them fair) are
+        # granted.
+        start = threading.Barrier(len(stores) * 2)
+        granted: list[int] = []
+        errors: list[BaseException] = []
+
+        def grab(index: int, store: corral.Store) -> None:
+            try:
+                start.wait()
+                for attempt_no in range(20):
+                    owner = f"grab-{index}-{attempt_no}"
+                    fair = 30.0 if attempt_no % 4 == 0 else None
+                    attempt = store.backend.sem_try_acquire(name, owner, 60, limit, queue_ttl=fair)
+                    if attempt.acquired:
+                        assert attempt.token is not None
+                        granted.append(attempt.token)
+                    elif fair is not None:
+                        store.backend.sem_leave_queue(name, owner)  # gives up, as acquire does
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [
+            threading.Thread(target=grab, args=(i, stores[i % len(stores)]))
+            for i in range(len(stores) * 2)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert errors == []
+        assert len(granted) == limit and len(set(granted)) == limit
+        rows = query(backend_url, f"SELECT count(*) FROM {slots_table} WHERE name = %s", [key])
+        assert rows == [(limit,)]
+        assert stores[0].force_release_semaphore(name) == limit
+        # Those who queued and gave up left: nobody is queued ahead of what follows.
+        waiters_table = stores[0].backend._sql.waiters
+        assert query(backend_url, f"SELECT count(*) FROM {waiters_table}") == [(0,)]
+
+        # Taking and releasing, some slots left to expire at once: never more than the limit.
+        mutex = threading.Lock()
+        inside = most = entered = 0
+        start = threading.Barrier(len(stores) * 2)
+
+        def churn(index: int, store: corral.Store) -> None:
+            nonlocal inside, most, entered
+            backend = store.backend
+            try:
+                start.wait()
+                for round_no in range(40):
+                    owner = f"churn-{index}-{round_no}"
+                    if round_no % 5 == 4:
+                        backend.sem_try_acquire(name, owner, 0.02, limit)  # a crashed holder
+                        continue
+                    if not backend.sem_try_acquire(name, owner, 60, limit).acquired:
+                        continue
+                    with mutex:
+                        inside += 1
+                        entered += 1
+                        most = max(most, inside)
+                    info = backend.sem_inspect(name)
+                    assert info is not None and len(info.holders) <= limit, info
+                    time.sleep(0.002)
+                    with mutex:
+                        inside -= 1
+                    assert backend.sem_release(name, owner) is Outcome.OK
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [
+            threading.Thread(target=churn, args=(i, stores[i % len(stores)]))
+            for i in range(len(stores) * 2)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert errors == []
+        assert entered > limit and 1 <= most <= limit, (entered, most)
+    finally:
+        for store in stores:
+            store.force_release_semaphore(name)
+            store.close()
+
+
+def test_a_semaphores_turn_is_its_own_and_extensions_take_it(backend_url: str, name: str) -> None:
+    """A semaphore's turn is an advisory lock in the two-int key space: a lock of the same
+    name never waits for it (nor the other way round). Extensions and closures wait for
+    it, so no attempt counts a slot free while its extension commits."""
+    app = f"corral-{uuid.uuid4().hex[:8]}"
+    with corral.connect(with_query(backend_url, f"application_name={app}")) as store:
+        backend = store.backend
+        statements = backend._sql
+        key = lock_key(name)
+        assert backend.sem_try_acquire(name, "holder", 30, 2).acquired
+        with psycopg.connect(backend_url, autocommit=True) as blocker:
+            blocker.execute("SELECT pg_advisory_lock(%(high)s, %(low)s)", statements.sem_gate(key))
+            blocker.execute("SELECT pg_advisory_lock(%s)", [statements.gate_key(key)])
+            # The semaphore's turn is held, and the lock's: the other kind is not held up.
+            blocker.execute("SELECT pg_advisory_unlock(%s)", [statements.gate_key(key)])
+            assert backend.try_acquire(name, "lock-holder", 30).acquired
+            outcomes: list[Outcome] = []
+            extender = threading.Thread(
+                target=lambda: outcomes.append(backend.sem_extend(name, "holder", 60))
+            )
+            extender.start()
+            try:
+                wait_until(lambda: waiting_for_turn(backend_url, app) == 1)
+                assert outcomes == []
+            finally:
+                blocker.execute(
+                    "SELECT pg_advisory_unlock(%(high)s, %(low)s)", statements.sem_gate(key)
+                )
+                extender.join(30)
+            assert outcomes == [Outcome.OK]
+            # And a semaphore's attempt does not wait for a held lock's turn.
+            blocker.execute("SELECT pg_advisory_lock(%s)", [statements.gate_key(key)])
+            assert backend.sem_try_acquire(name, "second", 30, 2).acquired
+            blocker.execute("SELECT pg_advisory_unlock(%s)", [statements.gate_key(key)])
+        info = backend.sem_inspect(name)
+        assert info is not None and [h.owner for h in info.holders] == ["holder", "second"]
+        assert info.holders[0].ttl > 30
+        assert backend.sem_force_release(name) == 2
+        assert backend.force_release(name)
+
+
+def test_ctrl_c_while_a_semaphore_attempt_is_in_flight_takes_no_slot(
+    backend_url: str, name: str
+) -> None:
+    app = f"corral-{uuid.uuid4().hex[:8]}"
+    with corral.connect(with_query(backend_url, f"application_name={app}"), timeout=20) as store:
+        assert store.semaphore_info(name) is None  # the pool is open
+        gate = store.backend._sql.sem_gate(lock_key(name))
+        main = threading.main_thread().ident
+        assert main == threading.get_ident()
+        fired: list[bool] = []
+
+        def interrupt_once_waiting() -> None:
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                if waiting_for_turn(backend_url, app) == 1:
+                    fired.append(True)
+                    signal.pthread_kill(main, signal.SIGINT)
+                    return
+                time.sleep(0.02)
+
+        with psycopg.connect(backend_url, autocommit=True) as blocker:
+            blocker.execute("SELECT pg_advisory_lock(%(high)s, %(low)s)", gate)
+            slot = store.semaphore(name, 2, ttl=60)
+            thread = threading.Thread(target=interrupt_once_waiting)
+            thread.start()
+            try:
+                with pytest.raises(KeyboardInterrupt):
+                    slot.acquire()
+            finally:
+                thread.join(30)
+            assert fired == [True]
+            blocker.execute("SELECT pg_advisory_unlock(%(high)s, %(low)s)", gate)
+        assert not slot.held
+        assert store.semaphore_info(name) is None
+        assert [row for row in slot_rows(backend_url, store) if row[0] == lock_key(name)] == []
+        again = store.semaphore(name, 1, ttl=5)
+        assert again.acquire()
+        again.release()
+
+
+def test_semaphore_errors_name_it_and_never_the_password(
+    backend_url: str, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    password = f"Pw{secrets.token_hex(6)}"
+    shown: list[str] = []
+
+    def failing(call: Any, kind: type[BaseException] = BackendError) -> BaseException:
+        with pytest.raises(kind) as caught:
+            call()
+        shown.append(everything_shown(caught.value))
+        assert name in str(caught.value) and "semaphore" in str(caught.value)
+        return caught.value
+
+    # Nobody listens there: every new code path fails to connect.
+    with corral.connect(f"postgresql://app:{password}@127.0.0.1:1/db", timeout=1) as store:
+        slot = store.semaphore(name, 2, ttl=10)
+        failing(slot.acquire)
+        failing(lambda: slot.acquire(wait=0.5))
+        failing(lambda: store.semaphore_info(name))
+        failing(lambda: store.force_release_semaphore(name))
+        backend = store.backend
+        failing(lambda: backend.sem_release(name, "o"))
+        failing(lambda: backend.sem_release(name, "o", 5))
+        failing(lambda: backend.sem_extend(name, "o", 5))
+        failing(lambda: backend.sem_leave_queue(name, "o"))
+
+        def wait_for_it() -> None:
+            with backend.sem_waiter(name):
+                pass
+
+        failing(wait_for_it)
+    # A server that takes the password (the test server trusts every login), and a
+    # statement it cancels: the semaphore's turn is held elsewhere past the timeout.
+    url = backend_url.replace("://corral@", f"://corral:{password}@")
+    assert password in url
+    with corral.connect(url, timeout=0.5) as store:
+        slot = store.semaphore(name, 2, ttl=10)
+        assert slot.acquire()
+        gate = store.backend._sql.sem_gate(lock_key(name))
+        with psycopg.connect(backend_url, autocommit=True) as blocker:
+            blocker.execute("SELECT pg_advisory_lock(%(high)s, %(low)s)", gate)
+            try:
+                error = failing(
+                    lambda: store.semaphore(name, 2, ttl=10).acquire(), BackendUnavailable
+                )
+                assert "did not answer" in str(error)
+                failing(slot.extend, BackendUnavailable)
+            finally:
+                blocker.execute("SELECT pg_advisory_unlock(%(high)s, %(low)s)", gate)
+        slot.release()
+    assert shown and not [text for text in shown if password in text]
+    assert password not in caplog.text
+
+
+def test_semaphore_tables_join_the_locks_tables_of_an_older_version(
+    backend_url: str, name: str
+) -> None:
+    """Locks' tables made before semaphores existed, in use (a transaction writes to them):
+    a store adds the semaphores' tables without locking the locks' ones."""
+    prefix = fresh()
+    query(backend_url, migration_sql(table_prefix=prefix))
+    statements = Statements("public", prefix)
+    query(backend_url, f"DROP TABLE {statements.slots}, {statements.waiters}")
+    with psycopg.connect(backend_url) as user:  # one open transaction, as a busy store's
+        user.execute(
+            f"INSERT INTO {statements.locks} (name, owner, token, expires_at)"
+            " VALUES ('busy', 'someone', 1, clock_timestamp() + interval '60 seconds')"
+        )
+        with corral.connect(backend_url, table_prefix=prefix, timeout=2) as store:
+            slot = store.semaphore(name, 2, ttl=10)
+            assert slot.acquire()
+            slot.release()
+        user.rollback()

@@ -1,6 +1,7 @@
-"""postgresql://: the rows of the store's lock and queue tables, read over a connection of its own.
+"""postgresql://: the rows of the store's tables (locks, their queue, semaphore slots and their
+queue), read over a connection of its own.
 
-per_held=1: a held lock is one row. constant=0: a released lock's row is deleted
+per_held=1: a held lock (or semaphore slot) is one row. constant=0: a released lock's row is deleted
 at once, and every other row (a lock left to expire, a `hold_for` closure, a dead
 waiter's place) is deleted once expired by the sweeps of later acquisitions, of
 any name; the test's hundred acquisitions on other names sweep several times what
@@ -21,7 +22,7 @@ def count(store: Any, url: str) -> int:
     statements = store.backend._sql
     total = 0
     with psycopg.connect(url, autocommit=True) as conn:
-        for table in (statements.locks, statements.queue):
+        for table in (statements.locks, statements.queue, statements.slots, statements.waiters):
             exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", [table]).fetchone()
             if exists is not None and exists[0]:  # the store creates its tables on first use
                 row = conn.execute(f"SELECT count(*) FROM {table}").fetchone()

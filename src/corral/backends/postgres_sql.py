@@ -54,7 +54,13 @@ already. `CREATE TABLE IF NOT EXISTS` alone is not safe when two sessions run
 it at once: both may find the table missing and one then fails on the unique
 index of `pg_type` (or `pg_class`). So the creation runs in one transaction
 that first takes `pg_advisory_xact_lock` on a fixed key: creators queue, and
-each sees what the previous one committed. To create the tables ahead of time
+each sees what the previous one committed, and sends only the statements
+whose object is still missing: `CREATE INDEX IF NOT EXISTS` locks its table
+even when the index exists, and a creator holding that lock while it creates
+the next object would deadlock with the statements of stores already using
+both tables (creators that queued behind the first, or a store of a newer
+version adding the semaphores' tables next to the locks' while they are in
+use). To create the tables ahead of time
 instead (a deploy step, or a role that may not run DDL), run the text of
 `migration_sql()`; corral then finds them and sends no DDL.
 
@@ -109,6 +115,32 @@ bytes each and spares a LISTEN round trip per waiter. The server keeps
 notifications until every listener has read them, so a process frozen while
 it LISTENs (SIGSTOP, a debugger) makes the queue grow; only after 8 GB of it
 would releases start failing, and terminating that session ends it.
+
+**Semaphores.** A semaphore's slot is a row of `<prefix>sem_slots`: the
+name's key (as for locks, see "Names"), the token, the owner (NULL while
+`release(hold_for=S)` keeps the slot closed), `expires_at` and the limit it
+was taken with; its fair waiters queue in `<prefix>sem_waiters`, as those
+of a lock do in `<prefix>queue`. A lock and a semaphore of one name share
+nothing but the key. An attempt takes the semaphore's turn, a transaction
+advisory lock in the two-int key space (`pg_advisory_xact_lock(int, int)`,
+which PostgreSQL keeps apart from the one-bigint keys of the locks' turns),
+then, in one statement of the same transaction sent in the same round trip
+(the reason it is two statements is the locks': only a statement that starts
+once the turn is had sees what the attempt before it committed), counts the
+live slots at one instant, compares the holders' limit, counts the live
+waiters queued ahead (up to the limit), and inserts a slot with a token from
+the locks' sequence only when all of that allows it. Attempts on one name
+thus take turns, so the count cannot go stale before the insert and tokens
+increase per name in the order the slots are granted. The same statement
+deletes the name's expired slots (and expired places), and one acquisition
+in `SWEEP_EVERY`, lock or semaphore, sweeps all four tables. An extension,
+and a release with `hold_for`, move a slot's expiry and run in the turn too:
+otherwise an attempt whose snapshot predates an extension committed just as
+the old expiry passed would count that slot free and grant one too many. A
+plain release and a forced one only delete live slots, which an attempt at
+worst still counts, and wake the waiters with `pg_notify` on the channel
+`<prefix>sem_freed`, which the one LISTEN connection hears along with the
+locks' channel.
 
 **Passwords.** The password (from the URL's user info or its query, like
 `sslpassword` and libpq's other secrets) is taken out of the URL before libpq
@@ -187,7 +219,7 @@ SCHEMA_LOCK_KEY = 0x636F7272616C  # b"corral"
 
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MAX_SCHEMA = 63
-# The longest derived name is "<prefix>queue_arrival_seq": 17 more bytes, within 63.
+# The longest derived name is "<prefix>sem_waiters_arrival_seq": 23 more bytes, within 63.
 _MAX_PREFIX = 40
 # What a key may not contain: NUL and lone surrogates (UTF-8 cannot carry them).
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
@@ -460,11 +492,21 @@ class Statements:
         tokens = f"{s}.{quote_ident(table_prefix + 'tokens')}"
         locks_expiry = quote_ident(table_prefix + "locks_expiry")
         queue_expiry = quote_ident(table_prefix + "queue_expiry")
+        # Semaphores (module docstring, "Semaphores"). No new name ends with an older one
+        # or the other way round, so no table prefix's objects are another prefix's.
+        slots = f"{s}.{quote_ident(table_prefix + 'sem_slots')}"
+        waiters = f"{s}.{quote_ident(table_prefix + 'sem_waiters')}"
+        slots_expiry = quote_ident(table_prefix + "sem_slots_expiry")
+        waiters_expiry = quote_ident(table_prefix + "sem_waiters_expiry")
         self.schema = schema
         self.locks, self.queue, self.tokens = locks, queue, tokens
+        self.slots, self.waiters = slots, waiters
         self.channel = table_prefix + "released"
-        self.tables = (locks, queue, tokens)
+        self.sem_channel = table_prefix + "sem_freed"
+        self.tables = (locks, queue, tokens, slots, waiters)
         self._gate_salt = f"{schema}.{table_prefix}\0".encode()
+        # Keys never contain NUL, so no lock's salted key is a semaphore's.
+        self._sem_gate_salt = f"{schema}.{table_prefix}\0semaphore\0".encode()
         self.create_schema = f"CREATE SCHEMA IF NOT EXISTS {s}"
         self.ddl = (
             # CACHE 1 (the default) matters: see the module docstring.
@@ -487,6 +529,25 @@ class Statements:
             f"CREATE INDEX IF NOT EXISTS {quote_ident(table_prefix + 'queue_arrival')}"
             f" ON {queue} (name, arrival)",
             f"CREATE INDEX IF NOT EXISTS {queue_expiry} ON {queue} (expires_at)",
+            f"CREATE TABLE IF NOT EXISTS {slots} (\n"
+            '    name text COLLATE "C" NOT NULL,\n'
+            "    token bigint NOT NULL,\n"
+            "    owner text,\n"  # NULL while closed by release(hold_for=...)
+            "    expires_at timestamptz NOT NULL,\n"  # free once past; then deleted
+            "    slot_limit bigint NOT NULL,\n"  # the limit it was taken with
+            "    PRIMARY KEY (name, token)\n"
+            ")",
+            f"CREATE INDEX IF NOT EXISTS {slots_expiry} ON {slots} (expires_at)",
+            f"CREATE TABLE IF NOT EXISTS {waiters} (\n"
+            '    name text COLLATE "C" NOT NULL,\n'
+            '    owner text COLLATE "C" NOT NULL,\n'
+            "    arrival bigserial NOT NULL,\n"
+            "    expires_at timestamptz NOT NULL,\n"
+            "    PRIMARY KEY (name, owner)\n"
+            ")",
+            f"CREATE INDEX IF NOT EXISTS {quote_ident(table_prefix + 'sem_waiters_arrival')}"
+            f" ON {waiters} (name, arrival)",
+            f"CREATE INDEX IF NOT EXISTS {waiters_expiry} ON {waiters} (expires_at)",
         )
         # Every object there (the DDL is skipped when all exist: no DDL rights needed),
         # and whether the database can store any text (module docstring, "Names").
@@ -495,7 +556,10 @@ class Statements:
             " to_regclass(%(locks)s) IS NOT NULL AND to_regclass(%(queue)s) IS NOT NULL"
             " AND to_regclass(%(tokens)s) IS NOT NULL"
             " AND to_regclass(%(locks_expiry)s) IS NOT NULL"
-            " AND to_regclass(%(queue_expiry)s) IS NOT NULL,"
+            " AND to_regclass(%(queue_expiry)s) IS NOT NULL"
+            " AND to_regclass(%(slots)s) IS NOT NULL AND to_regclass(%(waiters)s) IS NOT NULL"
+            " AND to_regclass(%(slots_expiry)s) IS NOT NULL"
+            " AND to_regclass(%(waiters_expiry)s) IS NOT NULL,"
             " current_setting('server_encoding') IN ('UTF8', 'SQL_ASCII')"
         )
         self.ready_params = {
@@ -505,9 +569,43 @@ class Statements:
             "tokens": tokens,
             "locks_expiry": f"{s}.{locks_expiry}",
             "queue_expiry": f"{s}.{queue_expiry}",
+            "slots": slots,
+            "waiters": waiters,
+            "slots_expiry": f"{s}.{slots_expiry}",
+            "waiters_expiry": f"{s}.{waiters_expiry}",
         }
         self.schema_lock = "SELECT pg_advisory_xact_lock(%(key)s)"
-        self.listen = f"LISTEN {quote_ident(self.channel)}"
+        # The object each statement of `ddl` creates, and which of them exist, asked
+        # once the schema lock is had: from the catalog tables themselves, as of now.
+        # (`to_regclass` may answer from the session's cache, which a wait for an
+        # advisory lock does not refresh, and say "missing" about tables committed
+        # meanwhile.)
+        self.ddl_objects = tuple(
+            table_prefix + suffix
+            for suffix in (
+                "tokens",
+                "locks",
+                "locks_expiry",
+                "queue",
+                "queue_arrival",
+                "queue_expiry",
+                "sem_slots",
+                "sem_slots_expiry",
+                "sem_waiters",
+                "sem_waiters_arrival",
+                "sem_waiters_expiry",
+            )
+        )
+        assert len(self.ddl_objects) == len(self.ddl)
+        self.created = (
+            "SELECT c.relname FROM pg_catalog.pg_class c"
+            " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %(schema)s AND c.relname = ANY(%(objects)s)"
+        )
+        self.created_params = {"schema": schema, "objects": list(self.ddl_objects)}
+        # Both channels on the one LISTEN connection, in one round trip (no parameters:
+        # the simple query protocol, which takes several statements).
+        self.listen = f"LISTEN {quote_ident(self.channel)}; LISTEN {quote_ident(self.sem_channel)}"
 
         ttl = "clock_timestamp() + %(ttl)s * interval '1 second'"
         live_place = "expires_at > clock_timestamp()"
@@ -582,7 +680,14 @@ class Statements:
                 f")"
             )
 
-        sweeps = sweep(locks, "rows") + sweep(queue, "places")
+        # Every table, whichever kind of acquisition sweeps: names used once by locks
+        # only, or by semaphores only, are all left with nothing.
+        sweeps = (
+            sweep(locks, "rows")
+            + sweep(queue, "places")
+            + sweep(slots, "slots")
+            + sweep(waiters, "waiters")
+        )
         # Granted: the token. Refused: the holder's seconds left, or no row at all
         # when the lock is free but someone is queued ahead.
         answer = (
@@ -649,10 +754,144 @@ class Statements:
             f" AND q.owner <> %(owner)s AND q.{live_place} AND q.arrival < gone.arrival)"
         )
 
+        # -- semaphores (module docstring, "Semaphores") --
+        # The semaphore's turn: the two-int advisory lock, a key space of its own that
+        # no lock's turn (and no one-bigint advisory lock) can ever share.
+        self.sem_take_turn = "SELECT pg_advisory_xact_lock(%(high)s, %(low)s)"
+        # One instant for the whole attempt: the slots counted live, the one taken
+        # and the places judged all by the same clock.
+        at = "(SELECT now FROM clock)"
+        sem_ttl = f"{at} + %(ttl)s * interval '1 second'"
+        # The waiters queued ahead, counted up to the limit (more would change nothing).
+        # A place of its own that expired counts for nothing, as for locks.
+        sem_head = (
+            f"WITH clock AS MATERIALIZED (SELECT clock_timestamp() AS now"
+            f"), state AS MATERIALIZED ("
+            f" SELECT count(*) AS taken, min(slot_limit) AS held_limit,"
+            f" min(expires_at) AS soonest"
+            f" FROM {slots} WHERE name = %(name)s AND expires_at > {at}"
+            f"), mine AS ("
+            f" SELECT arrival FROM {waiters} WHERE name = %(name)s AND owner = %(owner)s"
+            f" AND expires_at > {at}"
+            f"), ahead AS MATERIALIZED ("
+            f" SELECT count(*) AS waiting FROM (SELECT FROM {waiters}"
+            f" WHERE name = %(name)s AND owner <> %(owner)s AND expires_at > {at}"
+            f" AND arrival < COALESCE((SELECT arrival FROM mine), 9223372036854775807)"
+            f" LIMIT %(limit)s) AS places"
+            # The decision, in the order the contract gives: a holder's other limit, no
+            # slot free, fewer free slots than waiters ahead; else a slot for this owner.
+            f"), verdict AS MATERIALIZED ("
+            f" SELECT CASE WHEN held_limit <> %(limit)s THEN 'limit'"
+            f" WHEN taken >= %(limit)s THEN 'full'"
+            f" WHEN (SELECT waiting FROM ahead) >= %(limit)s - taken THEN 'queued'"
+            f" ELSE 'granted' END AS outcome FROM state"
+            f"), acquired AS ("
+            f" INSERT INTO {slots} (name, token, owner, expires_at, slot_limit)"
+            f" SELECT %(name)s, nextval('{tokens}'), %(owner)s, {sem_ttl}, %(limit)s"
+            f" FROM verdict WHERE outcome = 'granted'"
+            f" RETURNING token"
+            # This name's expired slots, after the attempt (see `after`), skipping those
+            # another statement has locked: the rows of one name stay about `limit`.
+            f"), expired AS ("
+            f" DELETE FROM {slots} WHERE (name, token) IN ("
+            f" SELECT name, token FROM {slots} WHERE {after} AND name = %(name)s"
+            f" AND expires_at <= {at} FOR UPDATE SKIP LOCKED)"
+            f")"
+        )
+        # Fair (or a waiter past the starvation guard): as for locks, leave the queue if
+        # granted, else join it or refresh the place (not when refused for its limit),
+        # and purge this name's expired places.
+        sem_fair = (
+            f", left_queue AS ("
+            f" DELETE FROM {waiters} WHERE name = %(name)s AND owner = %(owner)s"
+            f" AND EXISTS (SELECT FROM acquired)"
+            f"), joined AS ("
+            f" INSERT INTO {waiters} AS q (name, owner, expires_at)"
+            f" SELECT %(name)s, %(owner)s, {at} + %(queue_ttl)s * interval '1 second'"
+            f" FROM verdict WHERE outcome IN ('full', 'queued')"
+            f" ON CONFLICT (name, owner) DO UPDATE SET expires_at = excluded.expires_at,"
+            f" arrival = CASE WHEN q.expires_at > {at} THEN q.arrival ELSE excluded.arrival END"
+            f"), purged AS ("
+            f" DELETE FROM {waiters} WHERE (name, owner) IN ("
+            f" SELECT name, owner FROM {waiters} WHERE {after} AND name = %(name)s"
+            f" AND owner <> %(owner)s AND expires_at <= {at} FOR UPDATE SKIP LOCKED)"
+            f")"
+        )
+        # The outcome, the token, the holders' limit, and the seconds until the soonest
+        # slot frees.
+        sem_answer = (
+            " SELECT outcome, (SELECT token FROM acquired), held_limit,"
+            f" extract(epoch FROM soonest - {at})::float8 FROM verdict, state"
+        )
+        # Indexed by (fair, sweep); each runs right after `sem_take_turn`, in its
+        # transaction.
+        self.sem_acquire = {
+            (False, False): sem_head + sem_answer,
+            (False, True): sem_head + sweeps + sem_answer,
+            (True, False): sem_head + sem_fair + sem_answer,
+            (True, True): sem_head + sem_fair + sweeps + sem_answer,
+        }
+        slot_live = "name = %(name)s AND expires_at > clock_timestamp()"
+        slot_mine = f"{slot_live} AND owner = %(owner)s"
+        # Changed or not, and whether every slot is taken now (LOST) or not (EXPIRED);
+        # the main query sees the rows as they were before the change, which matters
+        # only when nothing changed.
+        sem_verdict = (
+            " SELECT (SELECT count(*) FROM changed),"
+            f" COALESCE((SELECT count(*) >= min(slot_limit) FROM {slots} WHERE {slot_live}),"
+            " false)"
+        )
+        self.sem_release = (
+            f"WITH changed AS ("
+            f" DELETE FROM {slots} WHERE {slot_mine}"
+            f" RETURNING pg_notify(%(channel)s, %(name)s)"
+            f")" + sem_verdict
+        )
+        # These two run in the semaphore's turn: see the module docstring.
+        self.sem_close = (
+            f"WITH changed AS ("
+            f" UPDATE {slots} SET owner = NULL,"
+            f" expires_at = clock_timestamp() + %(hold)s * interval '1 second'"
+            f" WHERE {slot_mine} RETURNING token"
+            f")" + sem_verdict
+        )
+        self.sem_extend = (
+            f"WITH changed AS ("
+            f" UPDATE {slots} SET expires_at = clock_timestamp() + %(ttl)s * interval '1 second'"
+            f" WHERE {slot_mine} RETURNING token"
+            f")" + sem_verdict
+        )
+        self.sem_inspect = (
+            f"SELECT slot_limit, owner, token, extract(epoch FROM expires_at - now_)::float8"
+            f" FROM {slots}, clock_timestamp() AS now_"
+            f" WHERE name = %(name)s AND expires_at > now_ ORDER BY token"
+        )
+        self.sem_force_release = (
+            f"WITH changed AS ("
+            f" DELETE FROM {slots} WHERE {slot_live}"
+            f" RETURNING pg_notify(%(channel)s, %(name)s)"
+            f") SELECT count(*) FROM changed"
+        )
+        # A waiter behind the leaver may now be among those the free slots let in.
+        self.sem_leave_queue = (
+            f"WITH gone AS ("
+            f" DELETE FROM {waiters} WHERE name = %(name)s AND owner = %(owner)s"
+            f" RETURNING pg_notify(%(channel)s, %(name)s)"
+            f") SELECT count(*) FROM gone"
+        )
+
     def gate_key(self, key: str) -> int:
         """The advisory lock key that serialises acquisitions of `key` in these tables."""
         digest = hashlib.blake2b(self._gate_salt + key.encode(), digest_size=8).digest()
         return int.from_bytes(digest, "big", signed=True)
+
+    def sem_gate(self, key: str) -> dict[str, int]:
+        """The two-int advisory lock key (`high`, `low`) of semaphore `key`'s turn."""
+        digest = hashlib.blake2b(self._sem_gate_salt + key.encode(), digest_size=8).digest()
+        return {
+            "high": int.from_bytes(digest[:4], "big", signed=True),
+            "low": int.from_bytes(digest[4:], "big", signed=True),
+        }
 
 
 def migration_sql(
@@ -680,11 +919,14 @@ def migration_sql(
             raise ConfigError(f"{shown}: grant_to must be a role name, got {grant_to!r}")
         role = quote_ident(grant_to)
         arrival = f"{quote_ident(schema)}.{quote_ident(table_prefix + 'queue_arrival_seq')}"
+        sem_arrival = (
+            f"{quote_ident(schema)}.{quote_ident(table_prefix + 'sem_waiters_arrival_seq')}"
+        )
         parts += [
             f"GRANT USAGE ON SCHEMA {quote_ident(schema)} TO {role}",
-            f"GRANT SELECT, INSERT, UPDATE, DELETE ON {statements.locks}, {statements.queue}"
-            f" TO {role}",
-            f"GRANT USAGE ON SEQUENCE {statements.tokens}, {arrival} TO {role}",
+            f"GRANT SELECT, INSERT, UPDATE, DELETE ON {statements.locks}, {statements.queue},"
+            f" {statements.slots}, {statements.waiters} TO {role}",
+            f"GRANT USAGE ON SEQUENCE {statements.tokens}, {arrival}, {sem_arrival} TO {role}",
         ]
     return "".join(f"{part};\n" for part in parts)
 

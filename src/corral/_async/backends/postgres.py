@@ -36,6 +36,13 @@ waiters of the lock it names. The LISTEN completes before the first waiter's
 release committed after that is heard: no lost wake-up. If that connection
 fails, every waiter is woken, re-attempts, and the next wait opens a new one.
 
+**Semaphores.** A slot is a row of a table of its own, and an attempt is the
+same two statements in one round trip as a lock's: the semaphore's turn (an
+advisory lock in a key space no lock's turn shares), then one statement that
+counts the live slots, checks the holders' limit and the waiters ahead, and
+inserts the slot. Releases notify on a channel of their own, which the same
+LISTEN connection hears (postgres_sql: "Semaphores").
+
 **Timeouts.** Every call fails with `BackendUnavailable` within about
 `timeout` seconds: the pool waits that long for a connection, `connect_timeout`
 bounds a new connection, the server ends a statement after
@@ -71,7 +78,7 @@ from corral.backends import postgres_sql as sql
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock
 from corral.core.options import Option
-from corral.core.primitives import Attempt, LockInfo, Outcome
+from corral.core.primitives import Attempt, LockInfo, Outcome, SemaphoreInfo
 from corral.errors import BackendError, BackendUnavailable, ConfigError
 
 __all__ = ["AsyncPostgresBackend"]
@@ -112,7 +119,8 @@ class AsyncReleaseFeed:
         self._start_lock = Lock()
         # Guards the tables; a thread lock in both flavours, never held across I/O.
         self._mutex = threading.Lock()
-        self._events: dict[str, set[Event]] = {}
+        # By (channel, key): a lock and a semaphore of one name are told apart.
+        self._events: dict[tuple[str, str], set[Event]] = {}
         self._conn: _Connection | None = None
         self._fd = -1
         self._worker: Worker | None = None
@@ -123,24 +131,25 @@ class AsyncReleaseFeed:
     def usable(self) -> bool:
         return self.failure is None and not self.closed and self.pid == os.getpid()
 
-    async def join(self, key: str, event: Event, alarm: sql.Alarm) -> None:
-        """Have `event` set on every notification for `key`; return once LISTEN is in force."""
+    async def join(self, channel: str, key: str, event: Event, alarm: sql.Alarm) -> None:
+        """Have `event` set on every notification for `key` on `channel`; return once LISTEN
+        is in force."""
         async with self._start_lock:
             self._raise_if_unusable()
             if self._conn is None:
                 await self._start(alarm)
         with self._mutex:
             self._raise_if_unusable()
-            self._events.setdefault(key, set()).add(event)
+            self._events.setdefault((channel, key), set()).add(event)
 
-    def leave(self, key: str, event: Event) -> None:
+    def leave(self, channel: str, key: str, event: Event) -> None:
         """Undo one `join`."""
         with self._mutex:
-            events = self._events.get(key)
+            events = self._events.get((channel, key))
             if events is not None:
                 events.discard(event)
                 if not events:
-                    del self._events[key]
+                    del self._events[channel, key]
 
     async def _start(self, alarm: sql.Alarm) -> None:
         try:
@@ -169,7 +178,7 @@ class AsyncReleaseFeed:
         try:
             while self.usable:
                 async for note in conn.notifies(timeout=LISTEN_POLL):
-                    self._dispatch(note.payload)
+                    self._dispatch(note.channel, note.payload)
         except Exception as exc:
             self._fail(exc)
         finally:
@@ -180,9 +189,9 @@ class AsyncReleaseFeed:
                 with contextlib.suppress(Exception):
                     await conn.close()
 
-    def _dispatch(self, key: str) -> None:
+    def _dispatch(self, channel: str, key: str) -> None:
         with self._mutex:
-            events = list(self._events.get(key, ()))
+            events = list(self._events.get((channel, key), ()))
         for event in events:
             event.set()
 
@@ -219,20 +228,30 @@ class AsyncReleaseFeed:
 
 
 class AsyncPostgresWaiter(AsyncSubscribingWaiter):
-    """Hears releases from every process through the backend's LISTEN connection."""
+    """Hears releases from every process through the backend's LISTEN connection.
 
-    def __init__(self, backend: AsyncPostgresBackend, name: str) -> None:
-        super().__init__(backend.local_bus, name)
+    A lock's waiter listens on the locks' channel, a semaphore's on the
+    semaphores' one (`semaphore=True`), each with the key of its name.
+    """
+
+    def __init__(
+        self, backend: AsyncPostgresBackend, name: str, *, semaphore: bool = False
+    ) -> None:
+        super().__init__(backend.semaphore_bus if semaphore else backend.local_bus, name)
         self._backend = backend
+        self._semaphore = semaphore
+        self._channel = backend._sql.sem_channel if semaphore else backend._sql.channel
         self._key = ""
 
     async def _join(self) -> Feed:
-        feed, self._key = await self._backend._subscribe(self._name, self._event)
+        feed, self._key = await self._backend._subscribe(
+            self._name, self._channel, self._event, semaphore=self._semaphore
+        )
         return feed
 
     async def _leave(self, feed: Feed) -> None:
         assert isinstance(feed, AsyncReleaseFeed)
-        feed.leave(self._key, self._event)
+        feed.leave(self._channel, self._key, self._event)
 
 
 # libpq's words when a TLS connection cannot be set up as configured (a certificate not
@@ -289,6 +308,10 @@ class AsyncPostgresBackend(AsyncBackend):
             "they expire by later acquisitions of any name (a store's first, then one in "
             f"{sql.SWEEP_EVERY}, up to {sql.SWEEP_BATCH} rows each); tokens keep increasing "
             "as they come from one sequence"
+        ),
+        semaphores=(
+            "a row per slot in a table of their own, counted and taken in one statement "
+            "in the name's turn (a transaction advisory lock)"
         ),
     )
     url_options: ClassVar[tuple[Option, ...]] = sql.OPTIONS
@@ -382,10 +405,16 @@ class AsyncPostgresBackend(AsyncBackend):
                     async with conn.transaction():
                         # Serialises concurrent creators: see postgres_sql's docstring.
                         await conn.execute(statements.schema_lock, {"key": sql.SCHEMA_LOCK_KEY})
+                        # Only what is still missing (postgres_sql: "Creating them").
+                        cursor = await conn.execute(statements.created, statements.created_params)
+                        present = {relname for (relname,) in await cursor.fetchall()}
                         if not has_schema:
                             await conn.execute(statements.create_schema)
-                        for statement in statements.ddl:
-                            await conn.execute(statement)
+                        for statement, made in zip(
+                            statements.ddl, statements.ddl_objects, strict=True
+                        ):
+                            if made not in present:
+                                await conn.execute(statement)
         self._schema_ready = True
 
     async def _configure(self, conn: _Connection) -> None:
@@ -413,13 +442,20 @@ class AsyncPostgresBackend(AsyncBackend):
         return sql.lock_key(name, ascii_only=self._ascii_keys)
 
     async def _fetch(
-        self, name: str, action: str, query: str, params: dict[str, Any], *, turn: bool = False
+        self,
+        name: str,
+        action: str,
+        query: str,
+        params: dict[str, Any],
+        *,
+        turn: bool = False,
+        semaphore: bool = False,
     ) -> list[tuple[Any, ...]]:
         """Run one statement on a pooled connection, with every failure mapped to corral's.
 
-        `params` gets the lock's key as `name`, once the first connection told
-        which keys the database can store. With `turn`, the statement runs in
-        the name's turn (`_in_turn`).
+        `params` gets the lock's (or with `semaphore`, the semaphore's) key as
+        `name`, once the first connection told which keys the database can
+        store. With `turn`, the statement runs in the name's turn (`_in_turn`).
         """
         alarm = sql.Alarm()
         try:
@@ -429,7 +465,14 @@ class AsyncPostgresBackend(AsyncBackend):
             try:
                 with sql.watchdog().armed(conn.fileno(), self._timeout, alarm):
                     if turn:
-                        rows = await self._in_turn(conn, self._sql.gate_key(key), query, params)
+                        if semaphore:
+                            take: tuple[str, dict[str, Any]] = (
+                                self._sql.sem_take_turn,
+                                self._sql.sem_gate(key),
+                            )
+                        else:
+                            take = (self._sql.take_turn, {"gate": self._sql.gate_key(key)})
+                        rows = await self._in_turn(conn, take, query, params)
                     else:
                         cursor = await conn.execute(query, params)
                         rows = await cursor.fetchall()
@@ -440,11 +483,16 @@ class AsyncPostgresBackend(AsyncBackend):
             finally:
                 await pool.putconn(conn)
         except (psycopg.Error, OSError, _Closed) as exc:
-            raise self._error(exc, name, action, alarm.fired) from exc
+            kind = "semaphore" if semaphore else "lock"
+            raise self._error(exc, name, action, alarm.fired, kind=kind) from exc
         return rows
 
     async def _in_turn(
-        self, conn: _Connection, gate: int, query: str, params: dict[str, Any]
+        self,
+        conn: _Connection,
+        take: tuple[str, dict[str, Any]],
+        query: str,
+        params: dict[str, Any],
     ) -> list[tuple[Any, ...]]:
         """`query` in one transaction after the name's turn (postgres_sql: "Fencing tokens").
 
@@ -458,11 +506,11 @@ class AsyncPostgresBackend(AsyncBackend):
         """
         if self._pipelines:
             async with conn.pipeline():
-                await conn.execute(self._sql.take_turn, {"gate": gate})
+                await conn.execute(*take)
                 cursor = await conn.execute(query, params)
         else:
             async with conn.transaction():
-                await conn.execute(self._sql.take_turn, {"gate": gate})
+                await conn.execute(*take)
                 cursor = await conn.execute(query, params)
         return await cursor.fetchall()
 
@@ -484,10 +532,17 @@ class AsyncPostgresBackend(AsyncBackend):
     # -- errors ---------------------------------------------------------------------
 
     def _error(
-        self, exc: BaseException, name: str, action: str, timed_out: bool = False
+        self,
+        exc: BaseException,
+        name: str,
+        action: str,
+        timed_out: bool = False,
+        *,
+        kind: str = "lock",
     ) -> BackendError:
-        """The corral error for a psycopg failure: names the lock and server, says what to do."""
-        where = f"lock {name!r} on {self.server}: could not {action} it"
+        """The corral error for a psycopg failure: names the lock (or semaphore) and server,
+        says what to do."""
+        where = f"{kind} {name!r} on {self.server}: could not {action} it"
         text = " ".join(str(exc).split()) or type(exc).__name__
         for secret in self._options.secrets:
             text = text.replace(secret, "***")  # libpq never quotes one; just in case
@@ -614,10 +669,90 @@ class AsyncPostgresBackend(AsyncBackend):
         if await self._fetch(name, "leave the queue of", self._sql.leave_queue, params):
             self.local_bus.notify(name)
 
+    # -- semaphores (postgres_sql: "Semaphores") -----------------------------------
+
+    async def sem_try_acquire(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        limit: int,
+        *,
+        queue_ttl: float | None = None,
+    ) -> Attempt:
+        params: dict[str, Any] = {"owner": owner, "ttl": float(ttl), "limit": int(limit)}
+        if queue_ttl is not None:
+            params["queue_ttl"] = float(queue_ttl)
+        sweep = next(self._acquisitions) % sql.SWEEP_EVERY == 0
+        query = self._sql.sem_acquire[queue_ttl is not None, sweep]
+        rows = await self._fetch(name, "acquire", query, params, turn=True, semaphore=True)
+        outcome, token, held_limit, left = rows[0]
+        if outcome == "granted":
+            return Attempt(True, token=int(token))
+        if outcome == "limit":
+            return Attempt(False, limit=int(held_limit))
+        if outcome == "full":
+            return Attempt(False, holder_ttl=max(0.0, float(left)))
+        return Attempt(False)  # a slot is free, but as many live waiters are queued ahead
+
+    async def sem_release(self, name: str, owner: str, hold_for: float = 0.0) -> Outcome:
+        params: dict[str, Any] = {"owner": owner}
+        if hold_for > 0:
+            params["hold"] = float(hold_for)
+            rows = await self._fetch(
+                name, "release", self._sql.sem_close, params, turn=True, semaphore=True
+            )
+        else:
+            params["channel"] = self._sql.sem_channel
+            rows = await self._fetch(name, "release", self._sql.sem_release, params, semaphore=True)
+        outcome = self._outcome(rows)
+        if outcome is Outcome.OK and hold_for <= 0:
+            self.semaphore_bus.notify(name)
+        return outcome
+
+    async def sem_extend(self, name: str, owner: str, ttl: float) -> Outcome:
+        params: dict[str, Any] = {"owner": owner, "ttl": float(ttl)}
+        return self._outcome(
+            await self._fetch(
+                name, "extend", self._sql.sem_extend, params, turn=True, semaphore=True
+            )
+        )
+
+    async def sem_inspect(self, name: str) -> SemaphoreInfo | None:
+        rows = await self._fetch(name, "inspect", self._sql.sem_inspect, {}, semaphore=True)
+        if not rows:
+            return None
+        holders = tuple(
+            LockInfo(name, owner, int(token), max(0.0, float(left)))
+            for _, owner, token, left in rows
+        )
+        return SemaphoreInfo(name, int(rows[0][0]), holders)
+
+    async def sem_force_release(self, name: str) -> int:
+        params: dict[str, Any] = {"channel": self._sql.sem_channel}
+        rows = await self._fetch(
+            name, "force-release", self._sql.sem_force_release, params, semaphore=True
+        )
+        freed = int(rows[0][0])
+        if freed:
+            self.semaphore_bus.notify(name)
+        return freed
+
+    async def sem_leave_queue(self, name: str, owner: str) -> None:
+        params: dict[str, Any] = {"owner": owner, "channel": self._sql.sem_channel}
+        rows = await self._fetch(
+            name, "leave the queue of", self._sql.sem_leave_queue, params, semaphore=True
+        )
+        if rows[0][0]:
+            self.semaphore_bus.notify(name)
+
     # -- wake-ups -------------------------------------------------------------------
 
     def waiter(self, name: str) -> AsyncPostgresWaiter:
         return AsyncPostgresWaiter(self, name)
+
+    def sem_waiter(self, name: str) -> AsyncPostgresWaiter:
+        return AsyncPostgresWaiter(self, name, semaphore=True)
 
     def _current_feed(self) -> AsyncReleaseFeed:
         proc = self._here()
@@ -627,8 +762,11 @@ class AsyncPostgresBackend(AsyncBackend):
                 feed = proc.feed = AsyncReleaseFeed(self._options, self._sql)
             return feed
 
-    async def _subscribe(self, name: str, event: Event) -> tuple[AsyncReleaseFeed, str]:
-        """Have `event` set on every release of `name`; returns the feed and the key heard."""
+    async def _subscribe(
+        self, name: str, channel: str, event: Event, *, semaphore: bool = False
+    ) -> tuple[AsyncReleaseFeed, str]:
+        """Have `event` set on every release of `name` told on `channel`; returns the feed
+        and the key heard."""
         alarm = sql.Alarm()
         try:
             if self._closed:
@@ -636,9 +774,10 @@ class AsyncPostgresBackend(AsyncBackend):
             await self._pool(alarm)  # the first connection tells which keys the database takes
             key = self._key(name)
             feed = self._current_feed()
-            await feed.join(key, event, alarm)
+            await feed.join(channel, key, event, alarm)
         except (psycopg.Error, OSError, _Closed) as exc:
-            raise self._error(exc, name, "wait for", alarm.fired) from exc
+            kind = "semaphore" if semaphore else "lock"
+            raise self._error(exc, name, "wait for", alarm.fired, kind=kind) from exc
         return feed, key
 
     async def aclose(self) -> None:
