@@ -269,9 +269,10 @@ class AsyncBackend(abc.ABC):
         slots with another limit (the limit is part of the semaphore's identity:
         the first holder's wins until every slot is free again). A full
         semaphore answers with `holder_ttl`, the seconds until its soonest slot
-        frees. With `queue_ttl`, as for a fair lock: the owner keeps its place in
-        the arrival queue and may take a slot only when fewer waiters are ahead
-        of it than slots are free.
+        frees. Every attempt respects the queue: it may take a slot only when
+        fewer live waiters are ahead of it than slots are free, and an attempt
+        without a place has every live waiter ahead of it. With `queue_ttl`, as
+        for a fair lock, the owner joins the arrival queue (or keeps its place).
         """
         raise self.no_semaphores_error()
 

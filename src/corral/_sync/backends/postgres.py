@@ -293,7 +293,8 @@ class PostgresBackend(Backend):
             "with an error instead"
         ),
         fencing_tokens=(
-            "one sequence per table prefix (nextval, never reused or rolled back), drawn by "
+            "one sequence per table prefix, for locks and semaphores (nextval, never reused "
+            "or rolled back), drawn by "
             "the acquiring transaction once it holds a per-name transaction advisory lock, so "
             "each acquisition of a name draws after the previous one committed; only a crash "
             "with synchronous_commit=off or fsync=off, or a failover to an asynchronous "
@@ -303,8 +304,8 @@ class PostgresBackend(Backend):
             "nothing: a release deletes the lock's row; a row left to expire (a crashed "
             "holder, a hold_for closure) and a dead fair waiter's place are deleted after "
             "they expire by later acquisitions of any name (a store's first, then one in "
-            f"{sql.SWEEP_EVERY}, up to {sql.SWEEP_BATCH} rows each); tokens keep increasing "
-            "as they come from one sequence"
+            f"{sql.SWEEP_EVERY}, up to {sql.SWEEP_BATCH} rows each); semaphore slots and "
+            "places the same way; tokens keep increasing as they come from one sequence"
         ),
         semaphores=(
             "a row per slot in a table of their own, counted and taken in one statement "
