@@ -75,6 +75,28 @@ would leave the lock held forever), so:
   keep-alive of its queue lease at most every `queue_ttl/4`). The queue lease,
   unused once its waiter takes the lock, is revoked in the background.
 
+**Semaphores.** A slot is a lock's `holder` under another key,
+`<prefix>/sem/<name>/slot/<limit>/<i>` (see `etcd_api.SemaphoreKeys`), with all
+of the above: one lease per acquisition, its create revision as the token,
+release by revoking the lease, extend and `hold_for` by keep-alive or move, the
+early end at the TTL, the reaper. etcd transactions cannot count keys, so taking
+a slot is one transaction that creates one chosen slot if it is absent, no slot
+of another limit exists and (for a newcomer) nobody queues; a choice gone stale
+fails, and the slots the failure reads give the next choice. The limit lives in
+the slot keys, so it goes with the last slot. Round trips: a newcomer's first
+choice is made unread, at random, so an idle semaphore is taken in 2 (grant,
+transaction) and a busy one in a few more; a full one answers after the
+transaction and one lease time-to-live per slot (the soonest to free is the
+waiter's `holder_ttl`); release, extend and `hold_for` as for a lock (release
+reads the slots only when its lease is gone); `semaphore_info` is a read and
+one time-to-live per slot. A queued waiter (fair, or waiting too long) first
+reads the slots and up to `limit` waiters ahead of it, and takes a slot only
+when fewer are ahead than slots are free, in a transaction that also checks
+that no slot was taken since that reading and that its place still exists, so
+the count it decided on still holds. Waiters watch the semaphore's prefix, as
+a lock's watch its own: every slot freed (released, expired, forced) and every
+place left wakes them.
+
 **Every attempt respects the queue.** Any acquisition, fair or not, takes the
 lock only if nobody queues for it: its transaction also compares the queue's
 key range, empty or not, which costs nothing more when it is empty. A waiter
