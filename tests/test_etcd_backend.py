@@ -641,6 +641,27 @@ def test_a_semaphore_waiter_is_woken_by_the_watch(
             assert not waiter.wait(0.3)
 
 
+def test_a_queued_place_holds_back_only_the_slots_it_could_take(
+    store: corral.Store, single: servers.EtcdServer, name: str
+) -> None:
+    holders = [store.semaphore(name, 2, ttl=30) for _ in range(2)]
+    for holder in holders:
+        assert holder.acquire()
+    with corral.connect(single.url) as other:
+        # A waiter that queued and then stopped attempting (its place lives 30 s).
+        assert not backend_of(other).sem_try_acquire(name, "asleep", 30, 2, queue_ttl=30).acquired
+        holders[0].release()
+        newcomer = store.semaphore(name, 2, ttl=30)
+        assert not newcomer.acquire()  # the one free slot is the queued waiter's
+        holders[1].release()
+        assert newcomer.acquire()  # two free, one queued: a newcomer may pass
+        assert not store.semaphore(name, 2, ttl=30).acquire()
+        turn = backend_of(other).sem_try_acquire(name, "asleep", 30, 2, queue_ttl=30)
+        assert turn.acquired and turn.token is not None and newcomer.token is not None
+        assert backend_of(other).sem_release(name, "asleep") is Outcome.OK
+        newcomer.release()
+
+
 def test_concurrent_attempts_never_exceed_the_limit(single: servers.EtcdServer, name: str) -> None:
     limit = 3
     inside: set[str] = set()

@@ -101,6 +101,7 @@ __all__ = [
     "put_revision",
     "range_request",
     "sem_acquire_txn",
+    "sem_pass_txn",
     "sem_queue_txn",
     "sem_take_txn",
     "sem_view_txn",
@@ -708,7 +709,7 @@ def sem_acquire_txn(
     keys: SemaphoreKeys, limit: int, index: int, owner: str, value: bytes, lease: int
 ) -> dict[str, Any]:
     """Create slot `index` on `lease` if it is free, the semaphore has no slot of another
-    limit and nobody queues; else read the slots and the queue.
+    limit and nobody queues; else read the slots and the queue (see `sem_pass_txn`).
 
     The slot was chosen from an earlier reading (or at random, with none): a choice
     gone stale fails here, and the reading the failure returns gives the next one.
@@ -758,6 +759,30 @@ def sem_take_txn(
             {"request_delete_range": {"key": b64(keys.queue_key(owner))}},
         ],
         "failure": _slot_view(keys, owner, limit, place),
+    }
+
+
+def sem_pass_txn(
+    keys: SemaphoreKeys, limit: int, index: int, owner: str, value: bytes, lease: int, seen: int
+) -> dict[str, Any]:
+    """A newcomer takes slot `index` past the queue, if nobody queued and no slot was taken
+    since the reading at revision `seen`, which found fewer waiters queued than free slots.
+
+    Every place counts as ahead of a newcomer; places can only have left since
+    (a new one would have a later create revision), and the free slots can only
+    be more: so the reading still holds. Else read again, as `sem_acquire_txn` does.
+    """
+    return {
+        "compare": [
+            _range_compare(keys.queue, prefix_end(keys.queue), "CREATE", seen + 1, "LESS"),
+            _range_compare(
+                keys.of_limit(limit), prefix_end(keys.of_limit(limit)), "CREATE", seen + 1, "LESS"
+            ),
+            _compare(keys.slot(limit, index), "CREATE", 0),
+            *_only_limit(keys, limit),
+        ],
+        "success": [_put(keys.slot(limit, index), value, lease)],
+        "failure": _slot_view(keys, owner, limit, None),
     }
 
 

@@ -81,8 +81,10 @@ of the above: one lease per acquisition, its create revision as the token,
 release by revoking the lease, extend and `hold_for` by keep-alive or move, the
 early end at the TTL, the reaper. etcd transactions cannot count keys, so taking
 a slot is one transaction that creates one chosen slot if it is absent, no slot
-of another limit exists and (for a newcomer) nobody queues; a choice gone stale
-fails, and the slots the failure reads give the next choice. The limit lives in
+of another limit exists and nobody queues; a choice gone stale fails, and the
+slots the failure reads give the next choice. A newcomer that finds waiters
+queued may still pass them when fewer queue than slots are free, in a
+transaction that checks that nobody queued and no slot was taken since. The limit lives in
 the slot keys, so it goes with the last slot. Round trips: a newcomer's first
 choice is made unread, at random, so an idle semaphore is taken in 2 (grant,
 transaction) and a busy one in a few more; a full one answers after the
@@ -1632,8 +1634,8 @@ class AsyncEtcdBackend(AsyncBackend):
         deadline: float,
         place: _Place | None = None,
     ) -> Attempt:
-        """Take a slot: a newcomer only while nobody queues; a queued waiter (`place`) only
-        while fewer waiters are ahead of it than slots are free.
+        """Take a slot while fewer waiters are ahead than slots are free: every queued waiter
+        is ahead of a newcomer; a queued waiter (`place`) has those queued before it.
 
         Each transaction creates one slot chosen free; a choice gone stale fails, and
         what the failure read gives the next choice (`SEM_TRIES` at most). A newcomer
@@ -1673,7 +1675,7 @@ class AsyncEtcdBackend(AsyncBackend):
                         self._leave_place(state, key, place)
                         missed = Attempt(False)
                         break
-                    if (place is None and view.queued) or len(free) <= view.queued:
+                    if len(free) <= view.queued:
                         break  # full, or the free slots are for waiters ahead
                     index = secrets.choice(free)
                 if lease is None:
@@ -1681,6 +1683,10 @@ class AsyncEtcdBackend(AsyncBackend):
                 if view is not None and place is not None:
                     body = api.sem_take_txn(
                         keys, limit, index, owner, value, lease.id, place.revision, view.revision
+                    )
+                elif view is not None and view.queued:
+                    body = api.sem_pass_txn(
+                        keys, limit, index, owner, value, lease.id, view.revision
                     )
                 else:
                     body = api.sem_acquire_txn(keys, limit, index, owner, value, lease.id)
