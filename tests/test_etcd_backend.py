@@ -161,6 +161,21 @@ def test_any_str_is_a_key_and_long_names_are_hashed() -> None:
     assert b"%#" not in api.lock_keys("corral", "%#").scope
 
 
+def test_semaphore_keys_keep_limits_and_kinds_apart() -> None:
+    keys = api.semaphore_keys("corral", "a")
+    assert not keys.scope.startswith(api.lock_keys("corral", "a").scope)
+    assert keys.slot(3, 2) == keys.slots + b"3/2" and keys.parse_slot(keys.slot(3, 2)) == (3, 2)
+    # No limit's slots fall in another limit's range: "3/" covers neither "30/" nor "13/".
+    for other in (1, 13, 30, 300):
+        assert not keys.slot(other, 0).startswith(keys.of_limit(3))
+        start, end = keys.of_limit(3), api.prefix_end(keys.of_limit(3))
+        assert not start <= keys.slot(other, 0) < end
+    for bad in (keys.slots + b"3/3", keys.slots + b"x/0", keys.queue + b"3/0"):
+        with pytest.raises(ValueError):
+            keys.parse_slot(bad)
+    assert EtcdBackend.capabilities.semaphores
+
+
 def test_lease_ids_are_positive_int64() -> None:
     ids = {api.new_lease_id() for _ in range(1000)}
     assert len(ids) == 1000 and all(0 < i < 2**63 for i in ids)
@@ -536,6 +551,159 @@ def test_forked_child_uses_its_own_connections(store: corral.Store, name: str) -
     assert os.waitstatus_to_exitcode(status) == 0
     assert lock.acquire()  # the parent's connections were left alone
     lock.release()
+
+
+# -- semaphores --------------------------------------------------------------------------
+
+
+def count_under(store: corral.Store, prefix: bytes) -> int:
+    body = {
+        "key": api.b64(prefix),
+        "range_end": api.b64(api.prefix_end(prefix)),
+        "count_only": True,
+    }
+    answer = backend_of(store)._post("/v3/kv/range", body, time.monotonic() + 10, "", "count")
+    return int(answer.get("count", 0))
+
+
+def test_semaphore_round_trips(store: corral.Store, requests: list[str], name: str) -> None:
+    slot = store.semaphore(name, 3, ttl=10)
+    assert slot.acquire()  # an idle semaphore: its first slot, chosen unread, is free
+    assert requests == ["/v3/lease/grant", "/v3/kv/txn"]
+    requests.clear()
+    slot.extend()
+    assert requests == ["/v3/lease/keepalive"]
+    requests.clear()
+    slot.release()
+    assert requests == ["/v3/lease/revoke"]
+    requests.clear()
+    assert store.semaphore_info(name) is None
+    assert requests == ["/v3/kv/range"]
+
+
+def test_a_semaphore_name_used_once_leaves_nothing_behind(
+    single: servers.EtcdServer, name: str
+) -> None:
+    before = lease_ids_of(single)
+    with corral.connect(single.url, prefix=f"foot-{name}") as store:
+        backend = backend_of(store)
+        for index in range(30):
+            sem_name = f"{name}:{index}"
+            slots = [store.semaphore(sem_name, 2, ttl=1) for _ in range(2)]
+            for slot in slots:
+                assert slot.acquire()
+            if index % 3 == 0:
+                slots[0].release(hold_for=0.5)
+            elif index % 3 == 1:
+                slots[0].release()
+            # index % 3 == 2: left to expire, as a crashed holder's would
+            slots[1].release()
+        # A fair waiter's place, and one it gave up.
+        held = store.semaphore(f"{name}:fair", 1, ttl=1, fair=True)
+        assert held.acquire()
+        assert not backend.sem_try_acquire(f"{name}:fair", "queued", 1, 1, queue_ttl=1).acquired
+        backend.sem_leave_queue(f"{name}:fair", "queued")
+        assert not store.semaphore(f"{name}:fair", 1, ttl=1, fair=True).acquire(wait=0.3)
+        held.release()
+        time.sleep(3.5)  # the 1 s slots' leases: at least the cluster's 2 s minimum
+        assert count_under(store, api.encode(f"foot-{name}/")) == 0
+    for _ in range(50):
+        if not lease_ids_of(single) - before:
+            break
+        time.sleep(0.1)
+    assert lease_ids_of(single) - before == set()
+
+
+def lease_ids_of(single: servers.EtcdServer) -> set[int]:
+    with corral.connect(single.url) as store:
+        return lease_ids(store)
+
+
+def test_a_semaphore_waiter_is_woken_by_the_watch(
+    store: corral.Store, single: servers.EtcdServer, name: str
+) -> None:
+    with corral.connect(single.url) as other:
+        slot = other.semaphore(name, 1, ttl=30)
+        assert slot.acquire()
+        lock = other.lock(name, ttl=30)
+        assert lock.acquire()
+        backend = backend_of(store)
+        with backend.sem_waiter(name) as waiter, backend.waiter(name) as lock_waiter:
+            # Another store's release: only the watch can tell this one.
+            started = time.monotonic()
+            slot.release()
+            assert waiter.wait(10)
+            assert time.monotonic() - started < 1.0  # pushed, not a poll's re-check
+            # The lock of the same name is another thing: its waiters hear nothing.
+            assert not lock_waiter.wait(0.3)
+            lock.release()
+            assert lock_waiter.wait(10)
+            assert not waiter.wait(0.3)
+
+
+def test_a_queued_place_holds_back_only_the_slots_it_could_take(
+    store: corral.Store, single: servers.EtcdServer, name: str
+) -> None:
+    holders = [store.semaphore(name, 2, ttl=30) for _ in range(2)]
+    for holder in holders:
+        assert holder.acquire()
+    with corral.connect(single.url) as other:
+        # A waiter that queued and then stopped attempting (its place lives 30 s).
+        assert not backend_of(other).sem_try_acquire(name, "asleep", 30, 2, queue_ttl=30).acquired
+        holders[0].release()
+        newcomer = store.semaphore(name, 2, ttl=30)
+        assert not newcomer.acquire()  # the one free slot is the queued waiter's
+        holders[1].release()
+        assert newcomer.acquire()  # two free, one queued: a newcomer may pass
+        assert not store.semaphore(name, 2, ttl=30).acquire()
+        turn = backend_of(other).sem_try_acquire(name, "asleep", 30, 2, queue_ttl=30)
+        assert turn.acquired and turn.token is not None and newcomer.token is not None
+        assert backend_of(other).sem_release(name, "asleep") is Outcome.OK
+        newcomer.release()
+
+
+def test_concurrent_attempts_never_exceed_the_limit(single: servers.EtcdServer, name: str) -> None:
+    limit = 3
+    inside: set[str] = set()
+    most = [0]
+    mutex = threading.Lock()
+    tokens: list[int] = []
+    errors: list[BaseException] = []
+
+    def worker(store: corral.Store, index: int) -> None:
+        backend = backend_of(store)
+        try:
+            for round_ in range(6):
+                owner = f"w{index}-{round_}"
+                attempt = backend.sem_try_acquire(name, owner, 30, limit)
+                if not attempt.acquired:
+                    continue
+                with mutex:
+                    inside.add(owner)
+                    most[0] = max(most[0], len(inside))
+                    assert attempt.token is not None
+                    tokens.append(attempt.token)
+                info = backend.sem_inspect(name)
+                assert info is not None and len(info.holders) <= limit
+                time.sleep(0.01)
+                with mutex:
+                    inside.discard(owner)
+                assert backend.sem_release(name, owner) is Outcome.OK
+        except BaseException as exc:
+            errors.append(exc)
+
+    with corral.connect(single.url) as first, corral.connect(single.url) as second:
+        jobs = [
+            threading.Thread(target=worker, args=(first if i % 2 else second, i)) for i in range(12)
+        ]
+        for job in jobs:
+            job.start()
+        for job in jobs:
+            job.join(60)
+        assert not errors, errors
+        assert 1 <= most[0] <= limit
+        assert len(tokens) == len(set(tokens)) and len(tokens) >= limit
+        assert first.semaphore_info(name) is None
 
 
 # -- a three-member cluster ------------------------------------------------------------
@@ -1041,6 +1209,64 @@ def test_an_acquisition_given_up_on_is_taken_back(lossy: Lossy, name: str) -> No
     lossy.plan.disarm()
     assert lossy.plan.lost and not lock.held
     contender = lossy.direct.lock(name, ttl=10)
+    assert contender.acquire(wait=30)
+    contender.release()
+
+
+def test_a_slot_acquisition_whose_answer_is_lost_is_recognised(lossy: Lossy, name: str) -> None:
+    slot = lossy.store.semaphore(name, 1, ttl=60)
+    lossy.plan.arm("/v3/kv/txn")
+    assert slot.acquire()  # the retry finds this owner's slot on this lease: its own
+    assert lossy.plan.lost == ["/v3/kv/txn"]
+    info = lossy.direct.semaphore_info(name)
+    assert info is not None and len(info.holders) == 1
+    assert info.holders[0].owner == slot.owner and info.holders[0].token == slot.token
+    assert not lossy.direct.semaphore(name, 1, ttl=10).acquire()  # counted once
+    slot.release()
+    assert lossy.direct.semaphore_info(name) is None
+
+
+def test_a_queued_turn_whose_answer_is_lost_is_recognised(lossy: Lossy, name: str) -> None:
+    holder = lossy.direct.semaphore(name, 1, ttl=60, fair=True)
+    assert holder.acquire()
+    backend = backend_of(lossy.store)
+    assert not backend.sem_try_acquire(name, "queued", 60, 1, queue_ttl=5).acquired
+    holder.release()
+    # Only the turn's transaction deletes the waiter's place.
+    lossy.plan.arm("/v3/kv/txn", marker=b"request_delete_range")
+    attempt = backend.sem_try_acquire(name, "queued", 60, 1, queue_ttl=5)
+    assert attempt.acquired and lossy.plan.lost == ["/v3/kv/txn"]
+    info = lossy.direct.semaphore_info(name)
+    assert info is not None and [h.owner for h in info.holders] == ["queued"]
+    assert info.holders[0].token == attempt.token
+    keys = api.semaphore_keys(backend.prefix, name)
+    assert count_under(lossy.direct, keys.queue) == 0  # the place went with the turn
+    assert backend.sem_release(name, "queued") is Outcome.OK
+    assert lossy.direct.semaphore_info(name) is None
+
+
+def test_a_slot_hold_whose_answer_is_lost_keeps_the_slot_closed(lossy: Lossy, name: str) -> None:
+    slot = lossy.store.semaphore(name, 1, ttl=60)
+    assert slot.acquire()
+    token = slot.token
+    lossy.plan.arm("/v3/kv/txn", marker=b'"LEASE"')
+    slot.release(hold_for=60)  # the retried move finds the slot on the hold lease already
+    assert lossy.plan.lost == ["/v3/kv/txn"]
+    info = lossy.direct.semaphore_info(name)
+    assert info is not None and len(info.holders) == 1
+    assert info.holders[0].owner is None and info.holders[0].token == token
+    assert not lossy.direct.semaphore(name, 1, ttl=10).acquire()
+    assert lossy.direct.force_release_semaphore(name) == 1
+
+
+def test_a_slot_acquisition_given_up_on_is_taken_back(lossy: Lossy, name: str) -> None:
+    slot = lossy.store.semaphore(name, 1, ttl=600)
+    lossy.plan.arm("/v3/kv/txn", times=1000)
+    with pytest.raises(BackendUnavailable):
+        slot.acquire()
+    lossy.plan.disarm()
+    assert lossy.plan.lost and not slot.held
+    contender = lossy.direct.semaphore(name, 1, ttl=10)
     assert contender.acquire(wait=30)
     contender.release()
 

@@ -23,10 +23,11 @@ def _post(url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
     return answer
 
 
-# A held lock is one key on one lease. Nothing stays for a name once it is released and
-# its TTL has run out (measured: exactly the held lock's key and lease remain). The
-# constant allows for the listing of leases, which one member answers from its own
-# state, not linearizably: a follower may not have applied the last revokes yet.
+# A held lock (or semaphore slot) is one key on one lease. Nothing stays for a name
+# once it is released and its TTL has run out (measured: exactly the held lock's key
+# and lease remain). The constant allows for the listing of leases, which one member
+# answers from its own state, not linearizably: a follower may not have applied the
+# last revokes yet.
 @register("etcd", "etcd-cluster", per_held=2, constant=2)
 def count(store: Any, url: str) -> int:
     prefix = api.encode(f"{store.backend.prefix}/")

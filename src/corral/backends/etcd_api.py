@@ -19,6 +19,16 @@ surrogates kept (`surrogatepass`, which is one-to-one), and a name longer than
 `NAME_BYTES` is cut and followed by `%#` and the SHA-256 of the whole name
 (`%#` never occurs in an escaped name, so a cut name is never another name).
 
+**Semaphores** live under `<prefix>/sem/<name>/`, apart from the lock of the same
+name. Slot `i` of a semaphore of `limit` slots is the key `slot/<limit>/<i>`
+(`0 <= i < limit`), on the lease of the acquisition that holds it, with the same
+value as a lock's `holder`; its create revision is that acquisition's token. The
+limit is in the key so that etcd, which cannot count keys in a transaction, can
+still check the semaphore's identity: an acquisition compares the ranges of
+every other limit's slots as empty. No key outlives the slots: when the last one
+goes, so does the limit. Fair and starved waiters queue under `queue/<owner>`, as
+for locks.
+
 **Every write can be sent twice.** A member may apply a request and then lose
 its answer (a timeout, a dropped connection), and the call asks another member.
 So every write either is idempotent or lets the caller recognise its own
@@ -65,7 +75,9 @@ __all__ = [
     "Failure",
     "Holder",
     "LockKeys",
+    "SemaphoreKeys",
     "ServerError",
+    "SlotView",
     "Tries",
     "Trouble",
     "Try",
@@ -83,14 +95,22 @@ __all__ = [
     "move_txn",
     "new_lease_id",
     "parse_holder",
+    "parse_slots",
     "parse_url",
     "prefix_end",
     "put_revision",
     "range_request",
+    "sem_acquire_txn",
+    "sem_pass_txn",
+    "sem_queue_txn",
+    "sem_take_txn",
+    "sem_view_txn",
+    "semaphore_keys",
     "server_error",
     "txn_ranges",
     "txn_revision",
     "txn_succeeded",
+    "unb64",
     "watch_create",
 ]
 
@@ -452,6 +472,41 @@ def lock_keys(prefix: str, name: str) -> LockKeys:
     return LockKeys(scope=scope, holder=scope + b"holder", queue=scope + b"queue/")
 
 
+class SemaphoreKeys(NamedTuple):
+    """The keys of one semaphore name."""
+
+    scope: bytes
+    """Every key of this semaphore starts with it; one watch covers them all."""
+    slots: bytes
+    """Prefix of every slot key, of whatever limit."""
+    queue: bytes
+    """Prefix of the queued waiters' keys, ordered by create revision."""
+
+    def queue_key(self, owner: str) -> bytes:
+        return self.queue + encode(owner)
+
+    def of_limit(self, limit: int) -> bytes:
+        """Prefix of the slots of a semaphore of `limit` (no limit's prefix covers another's)."""
+        return self.slots + b"%d/" % limit
+
+    def slot(self, limit: int, index: int) -> bytes:
+        return self.of_limit(limit) + b"%d" % index
+
+    def parse_slot(self, key: bytes) -> tuple[int, int]:
+        """(limit, index) of a slot key; ValueError when it is not one corral writes."""
+        if not key.startswith(self.slots):
+            raise ValueError("not a slot key")
+        limit, index = (int(part) for part in key[len(self.slots) :].split(b"/"))
+        if not 0 <= index < limit:
+            raise ValueError("slot index out of range")
+        return limit, index
+
+
+def semaphore_keys(prefix: str, name: str) -> SemaphoreKeys:
+    scope = encode(f"{prefix}/sem/") + _escape(name) + b"/"
+    return SemaphoreKeys(scope=scope, slots=scope + b"slot/", queue=scope + b"queue/")
+
+
 # -- values -----------------------------------------------------------------------
 
 
@@ -470,6 +525,8 @@ class Holder:
     """The key's create revision: the fencing token."""
     lease: int
     mod_revision: int
+    key: bytes = b""
+    """The key it was read from (a lock's `holder`, or one semaphore slot)."""
 
 
 def parse_holder(kv: Mapping[str, Any]) -> Holder:
@@ -488,6 +545,7 @@ def parse_holder(kv: Mapping[str, Any]) -> Holder:
         token=int(kv.get("create_revision", 0)),
         lease=int(kv.get("lease", 0)),
         mod_revision=int(kv.get("mod_revision", 0)),
+        key=unb64(kv.get("key")),
     )
 
 
@@ -518,8 +576,11 @@ def _queue_empty(keys: LockKeys) -> dict[str, Any]:
     return compare
 
 
-def range_request(key: bytes) -> dict[str, Any]:
-    """A linearizable read of one key (the gateway's default; never `serializable`)."""
+def range_request(key: bytes, *, prefix: bool = False) -> dict[str, Any]:
+    """A linearizable read of one key, or of every key under it with `prefix` (the
+    gateway's default; never `serializable`)."""
+    if prefix:
+        return {"key": b64(key), "range_end": b64(prefix_end(key))}
     return {"key": b64(key)}
 
 
@@ -579,26 +640,157 @@ def fair_take_txn(
     }
 
 
-def move_txn(keys: LockKeys, old_lease: int, value: bytes, new_lease: int) -> dict[str, Any]:
-    """Rewrite `holder` onto `new_lease` if it is still on `old_lease` (compare-by-owner).
+def move_txn(key: bytes, old_lease: int, value: bytes, new_lease: int) -> dict[str, Any]:
+    """Rewrite `key` (a lock's `holder`, or a semaphore slot) onto `new_lease` if it is still
+    on `old_lease` (compare-by-owner).
 
     A put on an existing key keeps its create revision, so the token stays.
     """
     return {
-        "compare": [_compare(keys.holder, "LEASE", old_lease)],
-        "success": [_put(keys.holder, value, new_lease)],
-        "failure": [_range(keys.holder)],
+        "compare": [_compare(key, "LEASE", old_lease)],
+        "success": [_put(key, value, new_lease)],
+        "failure": [_range(key)],
     }
 
 
-def watch_create(keys: LockKeys) -> dict[str, Any]:
-    """Watch every key of one lock for deletions: release, lease expiry, a waiter leaving."""
+def watch_create(scope: bytes) -> dict[str, Any]:
+    """Watch every key of one lock (or semaphore) for deletions: release, lease expiry, a
+    waiter leaving."""
     return {
         "create_request": {
-            "key": b64(keys.scope),
-            "range_end": b64(prefix_end(keys.scope)),
+            "key": b64(scope),
+            "range_end": b64(prefix_end(scope)),
             "filters": ["NOPUT"],
         }
+    }
+
+
+def _range_compare(
+    start: bytes, end: bytes, target: str, value: int, result: str = "EQUAL"
+) -> dict[str, Any]:
+    # Every key in [start, end) must pass; an empty range is one key with all-zero fields.
+    compare = _compare(start, target, value, result)
+    compare["range_end"] = b64(end)
+    return compare
+
+
+def _only_limit(keys: SemaphoreKeys, limit: int) -> list[dict[str, Any]]:
+    """No slot of any other limit exists: the semaphore is free, or held with `limit`."""
+    mine = keys.of_limit(limit)
+    return [
+        _range_compare(keys.slots, mine, "CREATE", 0),
+        _range_compare(prefix_end(mine), prefix_end(keys.slots), "CREATE", 0),
+    ]
+
+
+def _slot_view(
+    keys: SemaphoreKeys, owner: str, limit: int, place: int | None
+) -> list[dict[str, Any]]:
+    """Read what an attempt decides on: every slot, and the queue (for a queued waiter: up to
+    `limit` of the waiters ahead of it, which is enough to compare with the free slots, and
+    its own place)."""
+    queue: dict[str, Any] = {"key": b64(keys.queue), "range_end": b64(prefix_end(keys.queue))}
+    ops = [{"request_range": range_request(keys.slots, prefix=True)}]
+    if place is None:
+        return [*ops, {"request_range": {**queue, "count_only": True}}]
+    # The revision filter prunes the keys found but not the count: count the keys.
+    ahead = {**queue, "keys_only": True, "max_create_revision": str(place - 1)}
+    ahead["limit"] = str(limit)
+    mine = {"key": b64(keys.queue_key(owner)), "keys_only": True}
+    return [*ops, {"request_range": ahead}, {"request_range": mine}]
+
+
+def sem_view_txn(keys: SemaphoreKeys, owner: str, limit: int, place: int) -> dict[str, Any]:
+    """A queued waiter's reading of the slots and the queue at one revision (see `SlotView`)."""
+    return {"compare": [], "success": _slot_view(keys, owner, limit, place)}
+
+
+def sem_acquire_txn(
+    keys: SemaphoreKeys, limit: int, index: int, owner: str, value: bytes, lease: int
+) -> dict[str, Any]:
+    """Create slot `index` on `lease` if it is free, the semaphore has no slot of another
+    limit and nobody queues; else read the slots and the queue (see `sem_pass_txn`).
+
+    The slot was chosen from an earlier reading (or at random, with none): a choice
+    gone stale fails here, and the reading the failure returns gives the next one.
+    Sent a second time after the first was applied, it fails and the reading shows
+    the slot with this owner on this lease: the caller's own success.
+    """
+    return {
+        "compare": [
+            _compare(keys.slot(limit, index), "CREATE", 0),
+            *_only_limit(keys, limit),
+            _range_compare(keys.queue, prefix_end(keys.queue), "CREATE", 0),
+        ],
+        "success": [_put(keys.slot(limit, index), value, lease)],
+        "failure": _slot_view(keys, owner, limit, None),
+    }
+
+
+def sem_take_txn(
+    keys: SemaphoreKeys,
+    limit: int,
+    index: int,
+    owner: str,
+    value: bytes,
+    lease: int,
+    place: int,
+    seen: int,
+) -> dict[str, Any]:
+    """A queued waiter (its key created at `place`) takes slot `index` and leaves the queue,
+    if no slot was taken since the reading at revision `seen` that let it in.
+
+    That reading found fewer waiters ahead of it than free slots; since then the
+    waiters ahead can only have left (nobody joins ahead of an existing key), and
+    with no slot taken since, the free slots can only be more: so it still holds.
+    Else read again, as `sem_view_txn` does.
+    """
+    return {
+        "compare": [
+            _compare(keys.queue_key(owner), "CREATE", place),
+            _range_compare(
+                keys.of_limit(limit), prefix_end(keys.of_limit(limit)), "CREATE", seen + 1, "LESS"
+            ),
+            _compare(keys.slot(limit, index), "CREATE", 0),
+            *_only_limit(keys, limit),
+        ],
+        "success": [
+            _put(keys.slot(limit, index), value, lease),
+            {"request_delete_range": {"key": b64(keys.queue_key(owner))}},
+        ],
+        "failure": _slot_view(keys, owner, limit, place),
+    }
+
+
+def sem_pass_txn(
+    keys: SemaphoreKeys, limit: int, index: int, owner: str, value: bytes, lease: int, seen: int
+) -> dict[str, Any]:
+    """A newcomer takes slot `index` past the queue, if nobody queued and no slot was taken
+    since the reading at revision `seen`, which found fewer waiters queued than free slots.
+
+    Every place counts as ahead of a newcomer; places can only have left since
+    (a new one would have a later create revision), and the free slots can only
+    be more: so the reading still holds. Else read again, as `sem_acquire_txn` does.
+    """
+    return {
+        "compare": [
+            _range_compare(keys.queue, prefix_end(keys.queue), "CREATE", seen + 1, "LESS"),
+            _range_compare(
+                keys.of_limit(limit), prefix_end(keys.of_limit(limit)), "CREATE", seen + 1, "LESS"
+            ),
+            _compare(keys.slot(limit, index), "CREATE", 0),
+            *_only_limit(keys, limit),
+        ],
+        "success": [_put(keys.slot(limit, index), value, lease)],
+        "failure": _slot_view(keys, owner, limit, None),
+    }
+
+
+def sem_queue_txn(keys: SemaphoreKeys, owner: str, queue_lease: int) -> dict[str, Any]:
+    """Queue `owner` on its own short lease; sent again, the place keeps its first revision."""
+    return {
+        "compare": [],
+        "success": [_put(keys.queue_key(owner), encode(owner), queue_lease, prev_kv=True)],
     }
 
 
@@ -645,6 +837,73 @@ def txn_ranges(answer: Mapping[str, Any]) -> list[dict[str, Any] | None]:
             kvs = response["response_range"].get("kvs") or []
             found.append(kvs[0] if kvs else None)
     return found
+
+
+def _range_responses(answer: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return [r["response_range"] for r in answer.get("responses", []) if "response_range" in r]
+
+
+@dataclass(frozen=True, slots=True)
+class SlotView:
+    """What one reading (or failed attempt) saw of a semaphore, at one revision."""
+
+    limit: int | None
+    """The limit its slots were taken with; None when no slot is taken."""
+    holders: tuple[Holder, ...]
+    """Every taken slot (kept closed by hold_for or not), oldest token first."""
+    queued: int
+    """How many waiters queue (ahead of the reader, for a queued one)."""
+    place: int
+    """The create revision of the reader's queue key, 0 when it has none (or was not asked)."""
+    revision: int
+    """The store revision it was read at."""
+    taken: frozenset[int] = frozenset()
+    """The indices of the taken slots."""
+
+    def free(self, limit: int) -> list[int]:
+        """The indices of the free slots of a semaphore of `limit`."""
+        return [index for index in range(limit) if index not in self.taken]
+
+    def mine(self, owner: str, lease: int) -> Holder | None:
+        """The slot an earlier try of this very attempt (this owner, this lease) took."""
+        for holder in self.holders:
+            if holder.owner == owner and holder.lease == lease:
+                return holder
+        return None
+
+    def owned_by(self, owner: str) -> Holder | None:
+        for holder in self.holders:
+            if holder.owner == owner:
+                return holder
+        return None
+
+
+def parse_slots(keys: SemaphoreKeys, answer: Mapping[str, Any]) -> SlotView:
+    """Read the answer of `sem_view_txn` (or a failed acquisition), or of a plain range read of
+    the slots; raises ValueError when a key holds something corral did not write."""
+    ranges = _range_responses(answer) if "responses" in answer else [answer]
+    holders: list[Holder] = []
+    taken: set[int] = set()
+    limit: int | None = None
+    for kv in (ranges[0].get("kvs") or []) if ranges else []:
+        holder = parse_holder(kv)
+        limit, index = keys.parse_slot(holder.key)
+        holders.append(holder)
+        taken.add(index)
+    queued = 0
+    if len(ranges) > 2:  # a queued waiter's reading: the keys ahead of it (at most the limit)
+        queued = len(ranges[1].get("kvs") or [])
+    elif len(ranges) > 1:
+        queued = int(ranges[1].get("count", 0))
+    mine = (ranges[2].get("kvs") or []) if len(ranges) > 2 else []
+    return SlotView(
+        limit=limit,
+        holders=tuple(sorted(holders, key=lambda holder: holder.token)),
+        queued=queued,
+        place=int(mine[0].get("create_revision", 0)) if mine else 0,
+        revision=txn_revision(answer),
+        taken=frozenset(taken),
+    )
 
 
 class Trouble(enum.Enum):

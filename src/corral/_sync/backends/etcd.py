@@ -77,6 +77,30 @@ would leave the lock held forever), so:
   keep-alive of its queue lease at most every `queue_ttl/4`). The queue lease,
   unused once its waiter takes the lock, is revoked in the background.
 
+**Semaphores.** A slot is a lock's `holder` under another key,
+`<prefix>/sem/<name>/slot/<limit>/<i>` (see `etcd_api.SemaphoreKeys`), with all
+of the above: one lease per acquisition, its create revision as the token,
+release by revoking the lease, extend and `hold_for` by keep-alive or move, the
+early end at the TTL, the reaper. etcd transactions cannot count keys, so taking
+a slot is one transaction that creates one chosen slot if it is absent, no slot
+of another limit exists and nobody queues; a choice gone stale fails, and the
+slots the failure reads give the next choice. A newcomer that finds waiters
+queued may still pass them when fewer queue than slots are free, in a
+transaction that checks that nobody queued and no slot was taken since. The limit lives in
+the slot keys, so it goes with the last slot. Round trips: a newcomer's first
+choice is made unread, at random, so an idle semaphore is taken in 2 (grant,
+transaction) and a busy one in a few more; a full one answers after the
+transaction and one lease time-to-live per slot (the soonest to free is the
+waiter's `holder_ttl`); release, extend and `hold_for` as for a lock (release
+reads the slots only when its lease is gone); `semaphore_info` is a read and
+one time-to-live per slot. A queued waiter (fair, or waiting too long) first
+reads the slots and up to `limit` waiters ahead of it, and takes a slot only
+when fewer are ahead than slots are free, in a transaction that also checks
+that no slot was taken since that reading and that its place still exists, so
+the count it decided on still holds. Waiters watch the semaphore's prefix, as
+a lock's watch its own: every slot freed (released, expired, forced) and every
+place left wakes them.
+
 **Every attempt respects the queue.** Any acquisition, fair or not, takes the
 lock only if nobody queues for it: its transaction also compares the queue's
 key range, empty or not, which costs nothing more when it is empty. A waiter
@@ -142,6 +166,7 @@ import enum
 import logging
 import math
 import os
+import secrets
 import socket
 import ssl
 import threading
@@ -153,12 +178,12 @@ from typing import Any, ClassVar
 import httpx
 
 from corral._sync._compat import Event, Worker, sleep, spawn
-from corral._sync.backends.base import Backend, Feed, SubscribingWaiter
+from corral._sync.backends.base import Backend, Feed, LocalBus, SubscribingWaiter
 from corral.backends import etcd_api as api
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock
 from corral.core.options import Option
-from corral.core.primitives import Attempt, LockInfo, Outcome
+from corral.core.primitives import Attempt, LockInfo, Outcome, SemaphoreInfo
 from corral.errors import BackendError, BackendUnavailable, ConfigError
 
 __all__ = ["EtcdBackend"]
@@ -181,6 +206,9 @@ EARLY_END = 0.001
 # A confirmed watch stream silent this long is replaced (its waiters watch again): a
 # bound on how long a stream can hang on a member that stopped answering unnoticed.
 WATCH_QUIET = 300.0
+# How many transactions one semaphore attempt sends at most, each on a slot chosen from
+# what the previous one found, before it reports the semaphore busy (to be tried again).
+SEM_TRIES = 10
 # Members answering with this header set refuse at once when they have no leader.
 _HEADERS = {"Grpc-Metadata-hasleader": "true"}
 
@@ -205,6 +233,8 @@ class _Lease:
     """When this process ends it (the lock's TTL is shorter than the lease), else None."""
     dead: bool = False
     """This process ended it at its deadline (or is doing so)."""
+    key: bytes = b""
+    """The key it carries, when it carries one: a lock's `holder`, or a semaphore's slot."""
 
     def surely_left(self, now: float) -> float:
         return self.refreshed + self.granted - now
@@ -273,6 +303,21 @@ def _new_state_mutex() -> None:
 os.register_at_fork(after_in_child=_new_state_mutex)
 
 
+class _SemaphoreName(str):
+    """A semaphore's name, where the helpers shared with locks take a name.
+
+    A lock and a semaphore may share a name; this type tells the shared helpers
+    (messages, the local wake-ups, the watch's keys) which of the two they serve.
+    """
+
+    __slots__ = ()
+    kind = "semaphore"
+
+
+def _kind(name: str) -> str:
+    return "semaphore" if isinstance(name, _SemaphoreName) else "lock"
+
+
 class _LeaseNotFound(BackendError):
     """The lease named in a request no longer exists (expired or revoked)."""
 
@@ -303,7 +348,8 @@ class _ProcessState:
         self.held: dict[tuple[str, str], _Lease] = {}
         self.pending: dict[tuple[str, str], _Lease] = {}
         self.places: dict[tuple[str, str], _Place] = {}
-        self.feeds: dict[str, WatchFeed] = {}
+        # By the watched keys' prefix: a lock and a semaphore of one name have their own.
+        self.feeds: dict[bytes, WatchFeed] = {}
         self.reaper: LeaseReaper | None = None
 
 
@@ -417,7 +463,8 @@ class LeaseReaper:
 
 
 class WatchFeed:
-    """One watch stream on one lock's keys, shared by this process's waiters of that lock.
+    """One watch stream on one lock's (or semaphore's) keys, shared by this process's waiters
+    of that lock.
 
     Every deletion under the lock's prefix (a release, an expiry, a waiter
     leaving the queue) sets every subscribed event. A feed that fails is never
@@ -430,17 +477,19 @@ class WatchFeed:
         backend: EtcdBackend,
         state: _ProcessState,
         name: str,
+        scope: bytes,
         index: int,
         within: float,
     ) -> None:
         self.pid = os.getpid()
         self.name = name
+        self.scope = scope
         self.index = index
         self._within = within
         self._backend = backend
         self._state = state
         self._generation = backend.endpoints.failures(index)
-        self._body = api.watch_create(api.lock_keys(backend.prefix, name))
+        self._body = api.watch_create(scope)
         self._headers = backend._auth_headers(state)
         self.events: set[Event] = set()
         self.ready = Event()
@@ -565,10 +614,11 @@ class WatchFeed:
 
 
 class EtcdWaiter(SubscribingWaiter):
-    """Hears this lock's releases and expiries through a watch (etcd announces both)."""
+    """Hears this lock's (or semaphore's) releases and expiries through a watch (etcd
+    announces both)."""
 
     def __init__(self, backend: EtcdBackend, name: str) -> None:
-        super().__init__(backend.local_bus, name)
+        super().__init__(backend._bus(name), name)
         self._backend = backend
 
     def _join(self) -> Feed:
@@ -626,6 +676,10 @@ class EtcdBackend(Backend):
             "else expired), a hold_for key with its own lease, a queue place with its short "
             "lease, and waiters' unused leases are revoked; etcd keeps every old revision in "
             "its history until the cluster is compacted (--auto-compaction-retention)"
+        ),
+        semaphores=(
+            "a key per slot (slot/<limit>/<i>) on its acquisition's lease, taken by a "
+            "transaction that compares that slot and every other limit's slots as absent"
         ),
     )
     url_options: ClassVar[tuple[Option, ...]] = api.URL_OPTIONS
@@ -691,8 +745,18 @@ class EtcdBackend(Backend):
 
     # -- errors -------------------------------------------------------------------------
 
+    def _bus(self, name: str) -> LocalBus:
+        """This process's wake-ups for lock `name`, or for semaphore `name`."""
+        return self.semaphore_bus if isinstance(name, _SemaphoreName) else self.local_bus
+
+    def _scope(self, name: str) -> bytes:
+        """The prefix of every key of lock (or semaphore) `name`."""
+        if isinstance(name, _SemaphoreName):
+            return api.semaphore_keys(self.prefix, name).scope
+        return api.lock_keys(self.prefix, name).scope
+
     def _where(self, name: str, action: str) -> str:
-        return f"lock {name!r} on {self.server}: could not {action} it"
+        return f"{_kind(name)} {name!r} on {self.server}: could not {action} it"
 
     def _unavailable(self, name: str, action: str, problems: list[str]) -> BackendUnavailable:
         seen = "; ".join(dict.fromkeys(problems)) or f"no member answered within {self.timeout:g} s"
@@ -919,7 +983,7 @@ class EtcdBackend(Backend):
             log.debug("lease %x of lock %r was left to expire: %s", lease.id, name, exc)
             return True
         if announce:
-            self.local_bus.notify(name)
+            self._bus(name).notify(name)
         return True
 
     def _holder(self, kv: dict[str, Any] | None, name: str) -> api.Holder | None:
@@ -928,11 +992,14 @@ class EtcdBackend(Backend):
         try:
             return api.parse_holder(kv)
         except (ValueError, TypeError, KeyError) as exc:
-            key = api.lock_keys(self.prefix, name).holder.decode(errors="replace")
-            raise BackendError(
-                f"lock {name!r} on {self.server}: the key {key!r} holds a value corral did "
-                f"not write ({exc}); another program uses the same keys (choose another prefix=)"
-            ) from exc
+            raise self._foreign(name, api.unb64(kv.get("key")), exc) from exc
+
+    def _foreign(self, name: str, key: bytes, exc: Exception) -> BackendError:
+        return BackendError(
+            f"{_kind(name)} {name!r} on {self.server}: the key "
+            f"{key.decode(errors='replace')!r} holds a value corral did not write ({exc}); "
+            "another program uses the same keys (choose another prefix=)"
+        )
 
     def _read_holder(self, name: str, deadline: float, action: str) -> api.Holder | None:
         keys = api.lock_keys(self.prefix, name)
@@ -1046,19 +1113,7 @@ class EtcdBackend(Backend):
         whatever it may have created.
         """
         key = (name, owner)
-        with state.mutex:
-            lease = state.pending.pop(key, None)
-            if lease is not None:
-                self._reaper(state).cancel(lease)
-        fresh = (
-            lease is None
-            or lease.ttl != ttl
-            or lease.surely_left(self.clock.now()) < LEASE_REUSE_MARGIN
-        )
-        if lease is not None and fresh:
-            self._drop(lease, name)
-        if lease is None or fresh:
-            lease = self._grant(ttl, deadline, name, "acquire")
+        lease, fresh = self._lease_for(state, name, owner, ttl, deadline)
         trace = _Trace()
         try:
             try:
@@ -1093,7 +1148,8 @@ class EtcdBackend(Backend):
             if queue is not None:
                 self._drop(queue, name)  # unused, or holding a place a retry queued
             try:
-                return _Tried(self._took(state, name, owner, lease, fresh, token))
+                holder_key = api.lock_keys(self.prefix, name).holder
+                return _Tried(self._took(state, name, owner, lease, fresh, token, holder_key))
             except BaseException:
                 self._drop(lease, name, announce=True)  # held, but by nobody who knows
                 raise
@@ -1106,6 +1162,25 @@ class EtcdBackend(Backend):
             if queued is None or int(queued.get("create_revision", 0)) != place.revision:
                 self._leave_place(state, key, place)  # the place expired: queue again next time
         return _Tried(None, holder)
+
+    def _lease_for(
+        self, state: _ProcessState, name: str, owner: str, ttl: float, deadline: float
+    ) -> tuple[_Lease, bool]:
+        """The lease of an acquisition attempt: the waiter's unused one, else a new one (fresh)."""
+        with state.mutex:
+            lease = state.pending.pop((name, owner), None)
+            if lease is not None:
+                self._reaper(state).cancel(lease)
+        fresh = (
+            lease is None
+            or lease.ttl != ttl
+            or lease.surely_left(self.clock.now()) < LEASE_REUSE_MARGIN
+        )
+        if lease is not None and fresh:
+            self._drop(lease, name)
+        if lease is None or fresh:
+            lease = self._grant(ttl, deadline, name, "acquire")
+        return lease, fresh
 
     def _keep_for_next_attempt(
         self, state: _ProcessState, key: tuple[str, str], lease: _Lease, name: str
@@ -1123,8 +1198,10 @@ class EtcdBackend(Backend):
         lease: _Lease,
         fresh: bool,
         token: int,
+        key: bytes,
     ) -> Attempt:
         start = self.clock.now()
+        lease.key = key
         if not fresh:
             # A kept lease has been counting down since it was granted: restart it, so the
             # lock gets its whole TTL. If it ran out first, the key went with it.
@@ -1195,6 +1272,9 @@ class EtcdBackend(Backend):
                 del state.places[key]
 
     def leave_queue(self, name: str, owner: str) -> None:
+        self._leave_queue(name, owner)
+
+    def _leave_queue(self, name: str, owner: str) -> None:
         state = self._state()
         with state.mutex:
             place = state.places.pop((name, owner), None)
@@ -1205,11 +1285,15 @@ class EtcdBackend(Backend):
             # Revoking the place's lease deletes its key, which wakes the waiters behind.
             with contextlib.suppress(_LeaseNotFound):
                 self._revoke(place.lease.id, self._deadline(), name, "leave the queue of")
-            self.local_bus.notify(name)
+            self._bus(name).notify(name)
 
     # -- release, extend ----------------------------------------------------------------
 
     def release(self, name: str, owner: str, hold_for: float = 0.0) -> Outcome:
+        return self._release(name, owner, hold_for)
+
+    def _release(self, name: str, owner: str, hold_for: float) -> Outcome:
+        """Release a lock, or a semaphore's slot (`name` a `_SemaphoreName`)."""
         deadline = self._deadline()
         state = self._state()
         key = (name, owner)
@@ -1243,24 +1327,50 @@ class EtcdBackend(Backend):
         if gone:
             return self._release_by_owner(name, owner, deadline)
         if lease.dead:
-            return Outcome.EXPIRED  # its TTL ran out while the release was on its way
-        self.local_bus.notify(name)
+            # Its TTL ran out while the release was on its way.
+            return self._gone(name, None, deadline, "release")
+        self._bus(name).notify(name)
         return Outcome.OK
+
+    def _find(
+        self, name: str, owner: str, deadline: float, action: str
+    ) -> tuple[api.Holder | None, Outcome]:
+        """The key `owner` holds (the lock, or its semaphore slot), else None and what a
+        release or extend must answer: LOST when another holds the lock, or when every
+        slot of the semaphore is taken; else EXPIRED."""
+        if isinstance(name, _SemaphoreName):
+            view = self._read_slots(name, deadline, action)
+            mine = view.owned_by(owner)
+            if mine is not None:
+                return mine, Outcome.OK
+            return None, self._slot_gone(view)
+        holder = self._read_holder(name, deadline, action)
+        if holder is None:
+            return None, Outcome.EXPIRED
+        if holder.owner != owner:
+            return None, Outcome.LOST
+        return holder, Outcome.OK
+
+    def _gone(self, name: str, holder: api.Holder | None, deadline: float, action: str) -> Outcome:
+        """What a release or extend answers when the owner's key is gone, `holder` being what
+        is on it now: for a lock, LOST when another holds it; for a semaphore, LOST when every
+        slot is taken now. Else EXPIRED."""
+        if isinstance(name, _SemaphoreName):
+            return self._slot_gone(self._read_slots(name, deadline, action))
+        return Outcome.EXPIRED if holder is None else Outcome.LOST
 
     def _release_by_owner(self, name: str, owner: str, deadline: float) -> Outcome:
         """Release without a record of the lease (or with a stale one): find it by owner."""
-        holder = self._read_holder(name, deadline, "release")
+        holder, outcome = self._find(name, owner, deadline, "release")
         if holder is None:
-            return Outcome.EXPIRED
-        if holder.owner != owner:
-            return Outcome.LOST
+            return outcome
         trace = _Trace()
         try:
             self._revoke(holder.lease, deadline, name, "release", trace)
         except _LeaseNotFound:
             if not trace.maybe_applied:
                 return Outcome.EXPIRED  # it ran out between the read and the revoke
-        self.local_bus.notify(name)
+        self._bus(name).notify(name)
         return Outcome.OK
 
     def _hold(
@@ -1272,24 +1382,23 @@ class EtcdBackend(Backend):
         hold_for: float,
         deadline: float,
     ) -> Outcome:
-        """Keep the lock closed and ownerless for `hold_for` seconds, on a lease of its own."""
+        """Keep the lock (or the slot) closed and ownerless for `hold_for` seconds, on a lease
+        of its own."""
         start = self.clock.now()
         if lease is None:
-            holder = self._read_holder(name, deadline, "release")
+            holder, outcome = self._find(name, owner, deadline, "release")
             if holder is None:
-                return Outcome.EXPIRED
-            if holder.owner != owner:
-                return Outcome.LOST
-            current = holder.lease
+                return outcome
+            current, key = holder.lease, holder.key
         else:
-            current = lease.id
-        keys = api.lock_keys(self.prefix, name)
+            current, key = lease.id, lease.key
         hold = self._grant(hold_for, deadline, name, "release")
+        hold.key = key
         value = api.holder_value(None, hold_for)
         trace = _Trace()
         try:
             answer = self._txn(
-                api.move_txn(keys, current, value, hold.id), deadline, name, "release", trace
+                api.move_txn(key, current, value, hold.id), deadline, name, "release", trace
             )
         except BaseException as exc:
             if not trace.maybe_applied and isinstance(exc, Exception):
@@ -1301,7 +1410,7 @@ class EtcdBackend(Backend):
         holder = self._holder(found[0] if found else None, name)
         if not api.txn_succeeded(answer) and (holder is None or holder.lease != hold.id):
             self._revoke_quietly(hold.id, deadline, name)
-            return Outcome.EXPIRED if holder is None else Outcome.LOST
+            return self._gone(name, holder, deadline, "release")
         # (Else applied, maybe by an earlier try whose answer was lost.)
         hold.refreshed = start
         if hold_for < hold.granted - EARLY_END:
@@ -1314,6 +1423,10 @@ class EtcdBackend(Backend):
         return Outcome.OK
 
     def extend(self, name: str, owner: str, ttl: float) -> Outcome:
+        return self._extend(name, owner, ttl)
+
+    def _extend(self, name: str, owner: str, ttl: float) -> Outcome:
+        """Extend a lock, or a semaphore's slot (`name` a `_SemaphoreName`)."""
         deadline = self._deadline()
         start = self.clock.now()
         state = self._state()
@@ -1321,16 +1434,17 @@ class EtcdBackend(Backend):
         with state.mutex:
             lease = state.held.get(key)
         if lease is None or lease.dead:
-            holder = self._read_holder(name, deadline, "extend")
-            if holder is not None and holder.owner != owner:
-                return Outcome.LOST
-            if holder is None or lease is not None:
-                return Outcome.EXPIRED  # (or being ended at its TTL by the reaper)
-            lease = _Lease(holder.lease, 0, holder.ttl, start)  # ours, but not on record
+            holder, outcome = self._find(name, owner, deadline, "extend")
+            if holder is None:
+                return outcome
+            if lease is not None:
+                return Outcome.EXPIRED  # being ended at its TTL by the reaper
+            # Ours, but not on record.
+            lease = _Lease(holder.lease, 0, holder.ttl, start, key=holder.key)
         elif ttl == lease.ttl:
             if self._keepalive(lease.id, deadline, name, "extend") <= 0:
-                holder = self._read_holder(name, deadline, "extend")
-                return Outcome.EXPIRED if holder is None else Outcome.LOST
+                holder, outcome = self._find(name, owner, deadline, "extend")
+                return outcome if holder is None else Outcome.LOST
             with state.mutex:
                 if lease.dead:
                     return Outcome.EXPIRED  # ended at its TTL while the renewal was on its way
@@ -1354,15 +1468,19 @@ class EtcdBackend(Backend):
         """Extend to another TTL: a lease's TTL is fixed at its grant, so move the key to a
         new lease (the put keeps its create revision, so the token stays)."""
         key = (name, owner)
-        keys = api.lock_keys(self.prefix, name)
         new = self._grant(ttl, deadline, name, "extend")
+        new.key = lease.key
         value = api.holder_value(owner, ttl)
         current = lease.id
         for _ in range(2):
             trace = _Trace()
             try:
                 answer = self._txn(
-                    api.move_txn(keys, current, value, new.id), deadline, name, "extend", trace
+                    api.move_txn(lease.key, current, value, new.id),
+                    deadline,
+                    name,
+                    "extend",
+                    trace,
                 )
             except BaseException as exc:
                 if trace.maybe_applied or not isinstance(exc, Exception):
@@ -1380,7 +1498,7 @@ class EtcdBackend(Backend):
                 break  # applied (maybe by an earlier try whose answer was lost)
             if holder is None or holder.owner != owner:
                 self._revoke_quietly(new.id, deadline, name)
-                return Outcome.EXPIRED if holder is None else Outcome.LOST
+                return self._gone(name, holder, deadline, "extend")
             # Ours, on another lease: an earlier move that was given up on was applied
             # late. Move it from there.
             current = holder.lease
@@ -1407,9 +1525,9 @@ class EtcdBackend(Backend):
         except _LeaseNotFound:
             return
         except BackendError as exc:
-            log.debug("could not end the lease of lock %r at its TTL: %s", name, exc)
+            log.debug("could not end the lease of %s %r at its TTL: %s", _kind(name), name, exc)
             return
-        self.local_bus.notify(name)
+        self._bus(name).notify(name)
 
     # -- inspect, force_release --------------------------------------------------------
 
@@ -1427,19 +1545,25 @@ class EtcdBackend(Backend):
         holder = self._read_holder(name, deadline, "force-release")
         if holder is None:
             return False
+        released = self._force(holder, deadline, name)
+        if released:
+            self.local_bus.notify(name)
+        return released
+
+    def _force(self, holder: api.Holder, deadline: float, name: str) -> bool:
+        """Free the key `holder` was read from, whoever holds it; True when this call did."""
         trace = _Trace()
         if holder.lease == 0:
-            keys = api.lock_keys(self.prefix, name)
             body = {
                 "compare": [
                     {
-                        "key": api.b64(keys.holder),
+                        "key": api.b64(holder.key),
                         "target": "MOD",
                         "result": "EQUAL",
                         "mod_revision": str(holder.mod_revision),
                     }
                 ],
-                "success": [{"request_delete_range": {"key": api.b64(keys.holder)}}],
+                "success": [{"request_delete_range": {"key": api.b64(holder.key)}}],
             }
             answer = self._txn(body, deadline, name, "force-release", trace)
             # A compare that fails after an unanswered try: that try deleted it.
@@ -1453,9 +1577,232 @@ class EtcdBackend(Backend):
             except _LeaseNotFound:
                 # It ran out on its own meanwhile, unless an unanswered try revoked it.
                 released = trace.maybe_applied
-        if released:
-            self.local_bus.notify(name)
         return released
+
+    # -- semaphores ---------------------------------------------------------------------
+    #
+    # A slot is a lock's `holder` under another key (see `etcd_api.SemaphoreKeys`): the
+    # same lease per acquisition, early end at the TTL, release by revoking the lease,
+    # hold_for and extend by moving the key to a new lease. Only taking one differs.
+
+    def sem_try_acquire(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        limit: int,
+        *,
+        queue_ttl: float | None = None,
+    ) -> Attempt:
+        deadline = self._deadline()
+        start = self.clock.now()
+        state = self._state()
+        subject = _SemaphoreName(name)
+        self._prune(state, start)
+        if queue_ttl is not None:
+            place = self._refresh_place(state, subject, owner, queue_ttl, start, deadline)
+            if place is not None:
+                return self._sem_attempt(state, subject, owner, ttl, limit, deadline, place)
+        attempt = self._sem_attempt(state, subject, owner, ttl, limit, deadline)
+        if queue_ttl is not None and not attempt.acquired and attempt.limit is None:
+            self._sem_queue(state, subject, owner, queue_ttl, deadline)
+        return attempt
+
+    def _sem_attempt(
+        self,
+        state: _ProcessState,
+        name: _SemaphoreName,
+        owner: str,
+        ttl: float,
+        limit: int,
+        deadline: float,
+        place: _Place | None = None,
+    ) -> Attempt:
+        """Take a slot while fewer waiters are ahead than slots are free: every queued waiter
+        is ahead of a newcomer; a queued waiter (`place`) has those queued before it.
+
+        Each transaction creates one slot chosen free; a choice gone stale fails, and
+        what the failure read gives the next choice (`SEM_TRIES` at most). A newcomer
+        chooses its first slot at random, unread, so an idle semaphore is taken in one
+        transaction; a queued waiter reads first, and uses no lease until the queue
+        lets it in. A transaction sent again after the first was applied fails and
+        finds this owner's slot on this lease: its own success. One the call gave up
+        on leaves its lease to the reaper, which revokes whatever it may have created.
+        """
+        keys = api.semaphore_keys(self.prefix, name)
+        value = api.holder_value(owner, ttl)
+        key = (name, owner)
+        view: api.SlotView | None = None
+        if place is not None:
+            body = api.sem_view_txn(keys, owner, limit, place.revision)
+            view = self._slot_view(name, self._txn(body, deadline, name, "acquire"))
+        lease: _Lease | None = None
+        fresh = False
+        won: tuple[int, bytes] | None = None
+        missed: Attempt | None = None
+        trace = _Trace()
+        try:
+            for _ in range(SEM_TRIES):
+                if view is None:
+                    index = secrets.randbelow(limit)
+                else:
+                    mine = None if lease is None else view.mine(owner, lease.id)
+                    if mine is not None:
+                        won = mine.token, mine.key
+                        break
+                    if view.limit is not None and view.limit != limit:
+                        missed = Attempt(False, limit=view.limit)
+                        break
+                    free = view.free(limit)
+                    if place is not None and view.place != place.revision:
+                        # The place expired (this process was paused?): queue again next time.
+                        self._leave_place(state, key, place)
+                        missed = Attempt(False)
+                        break
+                    if len(free) <= view.queued:
+                        break  # full, or the free slots are for waiters ahead
+                    index = secrets.choice(free)
+                if lease is None:
+                    lease, fresh = self._lease_for(state, name, owner, ttl, deadline)
+                if view is not None and place is not None:
+                    body = api.sem_take_txn(
+                        keys, limit, index, owner, value, lease.id, place.revision, view.revision
+                    )
+                elif view is not None and view.queued:
+                    body = api.sem_pass_txn(
+                        keys, limit, index, owner, value, lease.id, view.revision
+                    )
+                else:
+                    body = api.sem_acquire_txn(keys, limit, index, owner, value, lease.id)
+                trace = _Trace()
+                try:
+                    answer = self._txn(body, deadline, name, "acquire", trace)
+                except _LeaseNotFound:
+                    if fresh:
+                        raise
+                    # The kept lease ran out on the server sooner than expected: a new one.
+                    lease, fresh = self._grant(ttl, deadline, name, "acquire"), True
+                    continue
+                if api.txn_succeeded(answer):
+                    won = api.txn_revision(answer), keys.slot(limit, index)
+                    break
+                view = self._slot_view(name, answer)
+        except BaseException as exc:
+            if lease is not None:
+                if trace.maybe_applied or not isinstance(exc, Exception):
+                    # It may hold a slot for an owner nobody will use again.
+                    self._drop(lease, name, announce=True)
+                elif not isinstance(exc, _LeaseNotFound):
+                    self._keep_for_next_attempt(state, key, lease, name)
+            raise
+        if won is None:
+            if lease is not None:
+                if missed is not None and missed.limit is not None:
+                    self._drop(lease, name)  # the caller gives up on this limit
+                else:
+                    self._keep_for_next_attempt(state, key, lease, name)
+            if missed is not None or view is None:
+                return missed or Attempt(False)
+            return Attempt(False, holder_ttl=self._soonest(view, limit, deadline, name))
+        assert lease is not None
+        if place is not None:
+            self._leave_place(state, key, place)
+            self._drop(place.lease, name)  # its key went in the same transaction
+        token, slot = won
+        try:
+            return self._took(state, name, owner, lease, fresh, token, slot)
+        except BaseException:
+            self._drop(lease, name, announce=True)  # held, but by nobody who knows
+            raise
+
+    def _sem_queue(
+        self,
+        state: _ProcessState,
+        name: _SemaphoreName,
+        owner: str,
+        queue_ttl: float,
+        deadline: float,
+    ) -> None:
+        """Queue a newcomer on a short lease of its own, as a fair lock's waiter queues: the
+        place is born on that lease, so a waiter that dies holds it only that long."""
+        keys = api.semaphore_keys(self.prefix, name)
+        queue = self._grant(queue_ttl, deadline, name, "queue for")
+        trace = _Trace()
+        try:
+            answer = self._txn(
+                api.sem_queue_txn(keys, owner, queue.id), deadline, name, "queue for", trace
+            )
+        except BaseException as exc:
+            # Unused, or holding a place nobody will refresh.
+            self._drop(queue, name, announce=trace.maybe_applied or not isinstance(exc, Exception))
+            raise
+        with state.mutex:
+            state.places[(name, owner)] = _Place(queue, api.put_revision(answer))
+
+    def _slot_view(self, name: str, answer: dict[str, Any]) -> api.SlotView:
+        keys = api.semaphore_keys(self.prefix, name)
+        try:
+            return api.parse_slots(keys, answer)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise self._foreign(name, keys.slots, exc) from exc
+
+    def _read_slots(self, name: str, deadline: float, action: str) -> api.SlotView:
+        keys = api.semaphore_keys(self.prefix, name)
+        body = api.range_request(keys.slots, prefix=True)
+        return self._slot_view(name, self._post("/v3/kv/range", body, deadline, name, action))
+
+    @staticmethod
+    def _slot_gone(view: api.SlotView) -> Outcome:
+        full = view.limit is not None and len(view.holders) >= view.limit
+        return Outcome.LOST if full else Outcome.EXPIRED
+
+    def _soonest(self, view: api.SlotView, limit: int, deadline: float, name: str) -> float | None:
+        """Seconds until the soonest slot frees when every slot is taken, else None."""
+        if len(view.holders) < limit:
+            return None
+        soonest = math.inf
+        for holder in view.holders:
+            left = self._seconds_left(holder, deadline, name, "acquire")
+            soonest = min(soonest, math.inf if left is None else left)
+        return soonest
+
+    def sem_release(self, name: str, owner: str, hold_for: float = 0.0) -> Outcome:
+        return self._release(_SemaphoreName(name), owner, hold_for)
+
+    def sem_extend(self, name: str, owner: str, ttl: float) -> Outcome:
+        return self._extend(_SemaphoreName(name), owner, ttl)
+
+    def sem_inspect(self, name: str) -> SemaphoreInfo | None:
+        deadline = self._deadline()
+        subject = _SemaphoreName(name)
+        view = self._read_slots(subject, deadline, "inspect")
+        if view.limit is None:
+            return None
+        holders = []
+        for holder in view.holders:
+            left = self._seconds_left(holder, deadline, subject, "inspect")
+            assert left is not None
+            holders.append(LockInfo(name, holder.owner, holder.token, left))
+        return SemaphoreInfo(name, view.limit, tuple(holders))
+
+    def sem_force_release(self, name: str) -> int:
+        deadline = self._deadline()
+        subject = _SemaphoreName(name)
+        view = self._read_slots(subject, deadline, "force-release")
+        freed = 0
+        for holder in view.holders:
+            # Each slot's lease belongs to that one acquisition (or hold): revoking it frees
+            # exactly that slot, and tells its holder so at its next extend or release.
+            freed += self._force(holder, deadline, subject)
+        if freed:
+            self.semaphore_bus.notify(name)
+        return freed
+
+    def sem_leave_queue(self, name: str, owner: str) -> None:
+        self._leave_queue(_SemaphoreName(name), owner)
+
+    def sem_waiter(self, name: str) -> EtcdWaiter:
+        return EtcdWaiter(self, _SemaphoreName(name))
 
     # -- wake-ups -----------------------------------------------------------------------
 
@@ -1476,11 +1823,12 @@ class EtcdBackend(Backend):
         while (chosen := tries.next()) is not None:
             if chosen.pause:
                 sleep(chosen.pause)
+            scope = self._scope(name)
             with state.mutex:
-                feed = state.feeds.get(name)
+                feed = state.feeds.get(scope)
                 if feed is None or not feed.usable:
-                    feed = WatchFeed(self, state, name, chosen.index, chosen.within)
-                    state.feeds[name] = feed
+                    feed = WatchFeed(self, state, name, scope, chosen.index, chosen.within)
+                    state.feeds[scope] = feed
                     feed.start()
                 feed.events.add(event)
             feed.ready.wait(chosen.within)
@@ -1520,8 +1868,8 @@ class EtcdBackend(Backend):
             feed.events.discard(event)
             if feed.events:
                 return
-            if state.feeds.get(feed.name) is feed:
-                del state.feeds[feed.name]
+            if state.feeds.get(feed.scope) is feed:
+                del state.feeds[feed.scope]
         feed.stop()
 
     def close(self) -> None:
