@@ -10,8 +10,8 @@ prints one JSON line per cycle (start, end, token) on the shared monotonic clock
 With `--limit N` the handle is a slot of a semaphore of N instead of a lock.
 
 `campaign` runs for election NAME as `--identity`: it prints {"elected": ...}
-with its term when it leads, then answers each line on stdin with who it sees
-leading ({"leader": ..., "me": is_leader}) until stdin closes.
+with its term when it leads, and answers each line on stdin, while it campaigns
+and while it leads, with who it sees leading ({"leader": ..., "me": is_leader}).
 """
 
 from __future__ import annotations
@@ -21,14 +21,20 @@ import asyncio
 import json
 import random
 import sys
+import threading
 import time
 
 import corral
 import corral.aio
 
+_EMITTING = threading.Lock()
+
 
 def emit(**fields: object) -> None:
-    print(json.dumps(fields), flush=True)
+    """One JSON line, written whole even when two threads emit at once."""
+    with _EMITTING:
+        sys.stdout.write(json.dumps(fields) + "\n")
+        sys.stdout.flush()
 
 
 def outcome(call: object) -> str:
@@ -69,19 +75,29 @@ def run_sync(args: argparse.Namespace) -> None:
 
 def campaign_sync(store: corral.Store, args: argparse.Namespace) -> None:
     election = store.election(args.name, ttl=args.ttl, identity=args.identity)
+
+    def answer() -> None:  # who leads, asked while this process campaigns or leads
+        for _ in sys.stdin:
+            emit(leader=election.leader(), me=election.is_leader)
+
+    threading.Thread(target=answer, daemon=True).start()
     assert election.campaign(wait=None)
     emit(elected=args.identity, term=election.term, at=time.monotonic())
-    for _ in sys.stdin:
-        emit(leader=election.leader(), me=election.is_leader)
+    time.sleep(3600)
 
 
 async def campaign_async(store: corral.aio.AsyncStore, args: argparse.Namespace) -> None:
     election = store.election(args.name, ttl=args.ttl, identity=args.identity)
+
+    async def answer() -> None:
+        loop = asyncio.get_running_loop()
+        while await loop.run_in_executor(None, sys.stdin.readline):
+            emit(leader=await election.leader(), me=election.is_leader)
+
+    answering = asyncio.ensure_future(answer())
     assert await election.campaign(wait=None)
     emit(elected=args.identity, term=election.term, at=time.monotonic())
-    loop = asyncio.get_running_loop()
-    while await loop.run_in_executor(None, sys.stdin.readline):
-        emit(leader=await election.leader(), me=election.is_leader)
+    await answering
 
 
 async def run_async(args: argparse.Namespace) -> None:

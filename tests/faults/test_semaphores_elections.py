@@ -121,6 +121,14 @@ def test_stopped_holder_past_its_ttl_finds_its_slot_taken(
         slot.release()
 
 
+def assert_one_leader(candidates: dict[str, Holder], leader: str) -> None:
+    """Every live candidate names the same leader, and only that one says it leads."""
+    for candidate in candidates.values():
+        candidate.send("who\n")
+    for identity, candidate in candidates.items():
+        assert candidate.line() == {"leader": leader, "me": identity == leader}
+
+
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_killed_leader_is_replaced_within_its_ttl(
     backend_name: str,
@@ -154,12 +162,7 @@ def test_killed_leader_is_replaced_within_its_ttl(
     assert first_leader in candidates
     first = candidates[first_leader].line()
     assert first["elected"] == first_leader
-    for candidate in candidates.values():
-        candidate.send("who\n")
-    for identity, candidate in candidates.items():
-        if identity == first_leader:
-            assert candidate.line() == {"leader": first_leader, "me": True}
-    # Exactly one leads; the followers are still campaigning, so they answer nothing yet.
+    assert_one_leader(candidates, first_leader)
     killed_at = time.monotonic()
     os.kill(candidates[first_leader].proc.pid, signal.SIGKILL)
     candidates[first_leader].proc.wait()
@@ -178,9 +181,6 @@ def test_killed_leader_is_replaced_within_its_ttl(
     # covers renewals made just before the kill, scheduling and one wake-up.
     slack = capabilities(backend_name).ttl_slack
     assert second["at"] - killed_at <= ttl + slack + 2.0
-    for candidate in rest.values():
-        candidate.send("who\n")
-    answers = [rest[second_leader].line()]
-    assert answers == [{"leader": second_leader, "me": True}]
+    assert_one_leader(rest, second_leader)
     info = store.lock_info(lock_name(name))
     assert info is not None and info.token == second["term"]
