@@ -1509,12 +1509,17 @@ async def test_cancelled_semaphore_attempt_takes_no_slot(
 ) -> None:
     original = proto._Connection.call
     taking = threading.Event()
+    taken = threading.Event()
 
     def slow_take(self: proto._Connection, deadline: float, *requests: bytes) -> list[Reply]:
-        if any(is_slot_take(line, name, 2) for line in requests):
-            taking.set()
-            time.sleep(0.3)
-        return original(self, deadline, *requests)
+        if not any(is_slot_take(line, name, 2) for line in requests):
+            return original(self, deadline, *requests)
+        taking.set()
+        time.sleep(0.3)
+        try:
+            return original(self, deadline, *requests)
+        finally:
+            taken.set()
 
     monkeypatch.setattr(proto._Connection, "call", slow_take)
     async with corral.aio.connect(backend_url) as store:
@@ -1523,6 +1528,13 @@ async def test_cancelled_semaphore_attempt_takes_no_slot(
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+        # The take lands after the cancellation (it was on the wire); the attempt's
+        # undo then gives the slot back, in the background, long before its 60 s TTL.
+        assert await asyncio.to_thread(taken.wait, 10)
+        for _ in range(100):
+            if await store.semaphore_info(name) is None:
+                break
+            await asyncio.sleep(0.05)
         assert await store.semaphore_info(name) is None
         slots = [store.semaphore(name, 2, ttl=5) for _ in range(2)]
         for slot in slots:
