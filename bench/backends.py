@@ -13,11 +13,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from bench.locks import contended, corral_lock, cycle_rate
+from bench.scratch import scratch
 
 BACKENDS = ["sqlite", "redis", "memcached", "etcd", "postgres"]
 
@@ -51,7 +51,7 @@ def main() -> int:
     started: dict[str, tuple[str, Any]] = {}
     try:
         for backend in chosen:
-            started[backend] = start(backend, Path(tempfile.mkdtemp(prefix=f"bench-{backend}-")))
+            started[backend] = start(backend, scratch(backend))
         rates: dict[str, list[float]] = {b: [] for b in chosen}
         for round_no in range(rounds):
             for backend in chosen if round_no % 2 == 0 else reversed(chosen):

@@ -22,7 +22,6 @@ import os
 import signal
 import statistics
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.backends import BACKENDS, start
+from bench.scratch import scratch
 
 TTL = 2.0
 
@@ -126,7 +126,7 @@ def main() -> int:
     servers: list[Any] = []
     try:
         for backend in chosen:
-            url, server = start(backend, Path(tempfile.mkdtemp(prefix=f"bench-{backend}-")))
+            url, server = start(backend, scratch(backend))
             servers.append(server)
             with corral.connect(url) as store:
                 slack = store.capabilities.ttl_slack

@@ -25,7 +25,6 @@ import multiprocessing as mp
 import os
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -33,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import redis
+
+from bench.scratch import scratch
 
 CAD = """
 if redis.call('get', KEYS[1]) == ARGV[1] then
@@ -263,7 +264,7 @@ def main() -> int:
     if url is None:
         from corral.testing.servers import start_redis
 
-        server = start_redis(Path(tempfile.mkdtemp(prefix="corral-bench-")))
+        server = start_redis(scratch("redis"))
         url = server.url
     everywhere = os.sched_getaffinity(0)
     try:

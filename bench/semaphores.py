@@ -17,7 +17,6 @@ import argparse
 import json
 import multiprocessing as mp
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from typing import Any
 
 from bench.backends import BACKENDS, start
 from bench.locks import percentile
+from bench.scratch import scratch
 
 LIMIT = 3
 WORKERS = 8
@@ -149,7 +149,7 @@ def main() -> int:
     servers: list[Any] = []
     try:
         for backend in chosen:
-            url, server = start(backend, Path(tempfile.mkdtemp(prefix=f"bench-{backend}-")))
+            url, server = start(backend, scratch(backend))
             servers.append(server)
             kinds = list(KINDS) if backend == "redis" else ["corral"]
             for kind in kinds:

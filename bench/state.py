@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
 import uuid
-from pathlib import Path
 
 from tests.footprint import footprint_for
 
 import corral
 from bench.backends import BACKENDS, start
+from bench.scratch import scratch
 
 TTL = 2.0
 
@@ -74,7 +73,7 @@ def main() -> int:
         "|---|---:|---:|---:|---:|",
     ]
     for backend in [b.strip() for b in args.backends.split(",") if b.strip()]:
-        url, server = start(backend, Path(tempfile.mkdtemp(prefix=f"bench-state-{backend}-")))
+        url, server = start(backend, scratch(backend))
         try:
             before, right_after, after, rate = run(backend, url, args.names)
         finally:
