@@ -76,6 +76,29 @@ async def test_the_take_back_of_a_cancelled_attempt_never_overtakes_it(
         assert not victim.held
 
 
+@pytest.mark.capability("fair")
+async def test_a_cancelled_queued_attempt_leaves_no_place_behind(
+    backend_url: str, name: str
+) -> None:
+    """The refused attempt of a fair waiter lands after its caller left the queue: its
+    place must go too, or the next fair waiter would wait behind nobody for seconds."""
+    async with corral.aio.connect(backend_url) as store:
+        holder = store.lock(name, ttl=30)
+        assert await holder.acquire()
+        slow, _ = delayed(store, wire=0.5)
+        victim = slow.lock(name, ttl=30, fair=True)
+        task = asyncio.create_task(victim.acquire(wait=10))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.8)  # the attempt has landed, and been undone
+        await holder.release()
+        newcomer = store.lock(name, ttl=30, fair=True)
+        assert await newcomer.acquire(wait=0), "a dead queue place held the free lock back"
+        await newcomer.release()
+
+
 @pytest.mark.capability("cross_process")
 def test_a_child_forked_while_threads_were_inside_corral_does_not_hang(
     backend_url: str, name: str

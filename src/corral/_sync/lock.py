@@ -394,6 +394,11 @@ class Lock:
             # nobody knows. The owner id is unique to this attempt: nothing else is freed.
             if result is None or result.acquired:
                 self._take_back(owner)
+            # A refused attempt of a queued waiter (re)took its place after the caller
+            # left the queue: leave it again, or it would hold back the waiters behind
+            # it until the place expires.
+            if queue_ttl is not None and (result is None or not result.acquired):
+                self._leave_queue(owner, queued=True)
 
         # A BackendError from the attempt itself is raised with nothing undone: the
         # server may have granted it before the answer was lost, but taking it back
