@@ -1581,3 +1581,53 @@ def test_a_lost_header_comes_back_with_the_next_extension(
         store.semaphore(name, 3).acquire()
     long.release()
     short.release()
+
+
+def test_a_holder_of_the_headers_limit_is_seen_by_a_racer_replacing_a_stale_header(
+    backend_url: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A limit-3 holder takes slot 2 while a limit-2 attempt, having found the header "3"
+    stale, replaces it: the limit-2 attempt must see the holder, give its slot back and
+    put the header back, so that no limit-2 holder ever sits beside a limit-3 one."""
+    stores = [corral.connect(backend_url) for _ in range(4)]
+    try:
+        x, y, z, h = (store.backend._semaphores for store in stores)  # type: ignore[attr-defined]
+        first = h.begin_attempt(name, "h")
+        assert h.try_acquire(first, 30, 3).acquired
+        assert h.release(name, "h") is Outcome.OK  # the header "3" lingers
+        real_session = x.client.session
+        calls = itertools.count(1)
+
+        def session(*args: Any, **kwargs: Any) -> Any:
+            import contextlib
+
+            @contextlib.contextmanager
+            def wrapped_session() -> Iterator[Callable[..., Any]]:
+                with real_session(*args, **kwargs) as call:
+
+                    def wrapped(*requests: bytes) -> Any:
+                        if next(calls) == 3:  # just before the limit-2 take
+                            with monkeypatch.context() as patch:
+                                patch.setattr(
+                                    memcached_semaphores.random, "choice", lambda seq: seq[-1]
+                                )
+                                late = y.begin_attempt(name, "y")
+                                assert y.try_acquire(late, 30, 3).acquired  # takes slot 2
+                        return call(*requests)
+
+                    yield wrapped
+
+            return wrapped_session()
+
+        monkeypatch.setattr(x.client, "session", session)
+        attempt = x.try_acquire(x.begin_attempt(name, "x"), 30, 2)
+        monkeypatch.undo()
+        assert not attempt.acquired and attempt.limit == 3
+        later = z.try_acquire(z.begin_attempt(name, "z"), 30, 2)
+        assert not later.acquired and later.limit == 3
+        info = stores[0].semaphore_info(name)
+        assert info is not None and info.limit == 3
+        assert [holder.owner for holder in info.holders] == ["y"]
+    finally:
+        for store in stores:
+            store.close()

@@ -364,18 +364,49 @@ class MemcachedSemaphores:
             request("ms", keys.slot(chosen.index), f"C{chosen.cas}", f"T{seconds}", "c", data=value)
         )
         requests.append(request("mg", keys.header, "v", "c", "t"))
-        stored, after = call(*requests)[-2:]
+        # Read every slot a holder of another limit could be in, after the take (one
+        # connection answers in order): a holder of the limit the probe's header named
+        # writes no header, so the header alone cannot show that it took a slot between
+        # this probe and this attempt's replacing the header.
+        span = max(limit, header.limit if header is not None else 0)
+        others = [i for i in range(span) if i != chosen.index]
+        requests += [request("mg", keys.slot(i), "v", "c", "t") for i in others]
+        replies = call(*requests)
+        stored, after = replies[-2 - len(others) : len(replies) - len(others)]
         if stored.code in (b"EX", b"NF"):
             return None  # taken (or its placeholder replaced) since the probe: probe again
         if stored.code != b"HD":
             raise ProtocolError(f"unexpected reply {stored!r} to ms")
         self._remembered.put(name, owner, chosen.index)
         winner = self._header(name, keys, after)
-        if winner is not None and winner.limit != limit:
-            # Another limit won the header meanwhile: its holders are the semaphore.
+        mixed = [
+            slot
+            for slot in (
+                self._slot(name, keys, i, reply)
+                for i, reply in zip(others, replies[len(replies) - len(others) :], strict=True)
+            )
+            if slot.taken and slot.limit != limit
+        ]
+        if (winner is not None and winner.limit != limit) or mixed:
+            # Another limit won the header meanwhile, or holds a slot beside ours: its
+            # holders are the semaphore (two such racers may both give back; the next
+            # attempts find the header to go by).
             self._give_back(call, keys, chosen.index, stored)
             self._remembered.forget(name, owner)
-            return Attempt(False, limit=winner.limit)
+            if winner is not None and winner.limit != limit:
+                return Attempt(False, limit=winner.limit)
+            # This attempt replaced the header with its own limit: put the holders'
+            # back, or a later attempt of this limit would not look at their slots.
+            other = mixed[0]
+            call(
+                request(
+                    "ms",
+                    keys.header,
+                    _header_ttl(float(max(other.ttl, 1))),
+                    data=b"%d" % other.limit,
+                )
+            )
+            return Attempt(False, limit=other.limit)
         follow = self._raise_header(keys, winner, limit, ttl)  # lost a race to a shorter raise
         if place is not None:  # served from the queue: leave it, so nobody waits behind us
             follow.append(request("md", place.key))
