@@ -252,6 +252,7 @@ class Supervisor:
         self.pending: int | None = None
         self.stop_forwarded: int | None = None  # a stop signal passed on to the command
         self.lost = False
+        self.lost_while_running = False  # lost before the command exited by itself
         self.finished = False  # the command (the group's leader) has exited
         self.stopping_since: float | None = None  # SIGTERM sent by corral, SIGKILL armed
         self.killer: threading.Timer | None = None
@@ -307,9 +308,10 @@ class Supervisor:
                     return
                 self.lost = True
                 group = self.group
+                finished = self.finished
+                self.lost_while_running = group is not None and not finished
                 if group is not None:
                     self.stop_group(group)
-                finished = self.finished
             if group is not None and not finished:
                 action = (
                     f"sent SIGTERM to the command's process group ({group.pgid}), SIGKILL "

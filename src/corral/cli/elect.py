@@ -139,7 +139,9 @@ class _Leadership(Lease):
 
     @property
     def token(self) -> int | None:
-        return self.term
+        # The election's own: a signal landing between the grant and `acquire` returning
+        # must still find the leadership to give back.
+        return self.term if self.term is not None else self.election.term
 
     def acquire(self) -> bool:
         self.term = None
@@ -221,7 +223,9 @@ def elect(args: argparse.Namespace) -> int:
                         f"renewed every {ttl / 3:.3g} s; running {shlex.join(command)}"
                     )
                 status = supervisor.run(command, {**os.environ, **lease.environment()})
-                if not (args.rejoin and supervisor.lost and supervisor.running):
+                # Campaign again only for a leadership lost while the command ran: a
+                # command that exited by itself ends corral elect, --rejoin or not.
+                if not (args.rejoin and supervisor.lost_while_running):
                     return give_back(supervisor, status, 0.0, ttl, verbose=args.verbose)
                 # From here a stop signal ends the loop instead of reaching a command.
                 following = Supervisor(lease, grace, handlers, after_loss)
