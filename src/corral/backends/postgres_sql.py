@@ -903,7 +903,7 @@ def migration_sql(
     """The DDL that creates corral's tables, to run ahead of time (idempotent).
 
     Run it as a role allowed to create tables; with `grant_to`, it also grants
-    that role what corral needs (DML on the two tables, USAGE on the
+    that role what corral needs (DML on its tables, for locks and semaphores, USAGE on the
     sequences). corral then finds the tables and sends no DDL itself, so the
     role it connects as needs no CREATE privilege.
     """
