@@ -11,8 +11,10 @@ holding it 1 ms, with and without fair=True (where the backend supports it).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,25 @@ def start(backend: str, workdir: Path) -> tuple[str, Any]:
     }
     server = starters[backend](workdir)
     return server.url, server
+
+
+@contextlib.contextmanager
+def throwaway(backend: str) -> Iterator[str]:
+    """The URL of a fresh server of `backend`, stopped once the block is over."""
+    url, server = start(backend, scratch(backend))
+    try:
+        yield url
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def publish(lines: list[str], output: Path | None) -> None:
+    """Print the markdown tables, and write them to `output` when given."""
+    text = "\n".join(lines)
+    print(text)
+    if output:
+        output.write_text(text + "\n")
 
 
 def main() -> int:

@@ -29,8 +29,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.backends import BACKENDS, start
-from bench.scratch import scratch
+from bench.backends import BACKENDS, publish, throwaway
 
 TTL = 2.0
 
@@ -123,11 +122,8 @@ def main() -> int:
         "| backend | implementation | failover median s | max s | bound: ttl + slack s |",
         "|---|---|---:|---:|---:|",
     ]
-    servers: list[Any] = []
-    try:
-        for backend in chosen:
-            url, server = start(backend, scratch(backend))
-            servers.append(server)
+    for backend in chosen:
+        with throwaway(backend) as url:
             with corral.connect(url) as store:
                 slack = store.capabilities.ttl_slack
             kinds = [("corral", corral_candidate)]
@@ -146,14 +142,7 @@ def main() -> int:
                     f"| {backend} | {label} | {statistics.median(times):.2f} | {max(times):.2f} "
                     f"| {TTL + slack:.1f} |"
                 )
-    finally:
-        for server in servers:
-            if server is not None:
-                server.stop()
-    text = "\n".join(lines)
-    print(text)
-    if args.output:
-        args.output.write_text(text + "\n")
+    publish(lines, args.output)
     return 0
 
 

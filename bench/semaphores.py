@@ -23,9 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.backends import BACKENDS, start
+from bench.backends import BACKENDS, publish, throwaway
 from bench.locks import percentile
-from bench.scratch import scratch
 
 LIMIT = 3
 WORKERS = 8
@@ -146,11 +145,8 @@ def main() -> int:
         "| fairness (fewest/most) | most inside |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
-    servers: list[Any] = []
-    try:
-        for backend in chosen:
-            url, server = start(backend, scratch(backend))
-            servers.append(server)
+    for backend in chosen:
+        with throwaway(backend) as url:
             kinds = list(KINDS) if backend == "redis" else ["corral"]
             for kind in kinds:
                 row = contended(kind, url, seconds)
@@ -159,14 +155,7 @@ def main() -> int:
                     f"| {backend} | {kind} | {row['acq/s']:,.0f} | {row['wait p99 ms']:.1f} "
                     f"| {row['wait max ms']:.1f} | {row['fairness']} | {row['most inside']} |"
                 )
-    finally:
-        for server in servers:
-            if server is not None:
-                server.stop()
-    text = "\n".join(lines)
-    print(text)
-    if args.output:
-        args.output.write_text(text + "\n")
+    publish(lines, args.output)
     return 0
 
 
