@@ -11,6 +11,7 @@ by hand and the facts come from code.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import re
 import sys
@@ -29,6 +30,7 @@ DOCS = [
     ROOT / "docs/connect.md",
     ROOT / "docs/semaphores.md",
     ROOT / "docs/elections.md",
+    ROOT / "docs/cache.md",
 ]
 
 
@@ -38,6 +40,8 @@ class Declared:
 
     capabilities: Capabilities
     options: tuple[Option, ...]
+    claims_with_read: bool = False
+    claims_in_the_read: bool = False
 
     @property
     def scheme(self) -> str:
@@ -49,9 +53,29 @@ def declared() -> list[Declared]:
     for spec in BACKENDS.values():
         module = importlib.import_module(f"corral._async.backends.{spec.module}")
         cls = getattr(module, spec.cls)
-        found = Declared(cls.capabilities, tuple(cls.url_options))
+        base = importlib.import_module("corral._async.backends.base").AsyncBackend
+        found = Declared(
+            cls.capabilities,
+            tuple(cls.url_options),
+            bool(getattr(cls, "claims_with_read", False)),
+            getattr(cls, "cache_read", None) is not getattr(base, "cache_read", None),
+        )
         seen.setdefault(found.scheme, found)
+    # Pools of servers: the child's guarantees, with what losing one server means.
+    pool = importlib.import_module("corral._async.backends.pool")
+    for scheme in ("memcached", "redis"):
+        child = seen[scheme]
+        caps = pool.pool_capabilities(child.capabilities)
+        caps = dataclasses.replace(caps, scheme=f"{scheme}://a,b,…")
+        seen[caps.scheme] = Declared(
+            caps, tuple(pool.POOL_OPTIONS), child.claims_with_read, child.claims_in_the_read
+        )
     return list(seen.values())
+
+
+def shown(c: Capabilities) -> str:
+    """How a backend is named in the tables: its scheme, or a pool's URL shape."""
+    return f"`{c.scheme}`" if "://" in c.scheme else f"`{c.scheme}://`"
 
 
 def yes(flag: bool) -> str:
@@ -68,7 +92,7 @@ def flags_table(declarations: list[Declared]) -> str:
     for c in backends:
         wake = "pushed by the release" if c.notifies else "polling, capped jittered backoff"
         rows.append(
-            f"| `{c.scheme}://` | {wake} | {yes(c.cross_process)} | {yes(c.cross_host)} "
+            f"| {shown(c)} | {wake} | {yes(c.cross_process)} | {yes(c.cross_host)} "
             f"| {yes(c.linearizable)} | {yes(c.fair)} | {yes(c.replicas)} | {c.ttl_clock} |"
         )
     return "\n".join(rows)
@@ -83,7 +107,7 @@ def failures_table(declarations: list[Declared]) -> str:
     ]
     for c in backends:
         rows.append(
-            f"| `{c.scheme}://` | {c.on_client_crash} | {c.on_server_restart} "
+            f"| {shown(c)} | {c.on_client_crash} | {c.on_server_restart} "
             f"| {c.on_partition} | {c.on_memory_pressure} |"
         )
     return "\n".join(rows)
@@ -96,7 +120,7 @@ def tokens_table(declarations: list[Declared]) -> str:
     ]
     for d in declarations:
         c = d.capabilities
-        rows.append(f"| `{c.scheme}://` | {c.fencing_tokens} | {c.state_per_name} |")
+        rows.append(f"| {shown(c)} | {c.fencing_tokens} | {c.state_per_name} |")
     return "\n".join(rows)
 
 
@@ -107,11 +131,9 @@ def semaphores_table(declarations: list[Declared]) -> str:
     ]
     for d in declarations:
         c = d.capabilities
-        kept = c.semaphores or "not available yet"
+        kept = c.semaphores or "not offered"
         wake = "the release (pushed)" if c.notifies else "polling, capped jittered backoff"
-        rows.append(
-            f"| `{c.scheme}://` | {yes(bool(c.semaphores))} | {kept} | {wake} | {yes(c.fair)} |"
-        )
+        rows.append(f"| {shown(c)} | {yes(bool(c.semaphores))} | {kept} | {wake} | {yes(c.fair)} |")
     return "\n".join(rows)
 
 
@@ -128,8 +150,37 @@ def elections_table(declarations: list[Declared]) -> str:
             "usually at once (pushed), within 1 s at worst" if c.notifies else "within 1 s (polled)"
         )
         rows.append(
-            f"| `{c.scheme}://` | {yes(c.cross_host)} | {yes(c.linearizable)} | {within} "
-            f"| {heard} |"
+            f"| {shown(c)} | {yes(c.cross_host)} | {yes(c.linearizable)} | {within} | {heard} |"
+        )
+    return "\n".join(rows)
+
+
+def cache_table(declarations: list[Declared]) -> str:
+    rows = [
+        "| backend | cache | entries kept as | a read that finds the entry due | "
+        "waiters on a miss woken by | shared across | under memory pressure |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for d in declarations:
+        c = d.capabilities
+        kept = c.cache or "not offered"
+        if d.claims_with_read:
+            claim = "reads and tries the recompute lock in one atomic step"
+        elif d.claims_in_the_read:
+            claim = (
+                "reads and tries the recompute lock in one round trip; the winner reads "
+                "once more before computing"
+            )
+        else:
+            claim = (
+                "reads, then tries the recompute lock (a second round trip, only when due); "
+                "the winner reads once more before computing"
+            )
+        wake = "the release (pushed)" if c.notifies else "polling, capped jittered backoff"
+        shared = "hosts" if c.cross_host else ("processes" if c.cross_process else "one process")
+        rows.append(
+            f"| {shown(c)} | {yes(bool(c.cache))} | {kept} | {claim if c.cache else ''} "
+            f"| {wake} | {shared} | {c.on_memory_pressure} |"
         )
     return "\n".join(rows)
 
@@ -140,7 +191,7 @@ def options_table(declarations: list[Declared]) -> str:
         for option in d.options:
             where = "" if option.query else " (keyword only)"
             rows.append(
-                f"| `{d.scheme}://` | `{option.name}`{where} | {option.default} "
+                f"| {shown(d.capabilities)} | `{option.name}`{where} | {option.default} "
                 f"| {option.meaning} |"
             )
     return "\n".join(rows)
@@ -153,6 +204,7 @@ TABLES = {
     "options": options_table,
     "semaphores": semaphores_table,
     "elections": elections_table,
+    "cache": cache_table,
 }
 
 

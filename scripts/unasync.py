@@ -46,6 +46,9 @@ SUBSTITUTIONS: list[tuple[str, str]] = [
     (r"\baclose\b", "close"),
     (r"\bAsync([A-Z]\w*)", r"\1"),
     (r"\basync_(\w+)", r"\1"),
+    (r"\basynccontextmanager\b", "contextmanager"),
+    (r"\bAbstractAsyncContextManager\b", "AbstractContextManager"),
+    (r"\bAwaitable\[([^\[\]]+)\]", r"\1"),  # Callable[[float], Awaitable[X]] -> ...[X]
 ]
 
 HEADER = (

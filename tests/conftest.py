@@ -34,6 +34,10 @@ SCHEMES = {
     "etcd": "etcd",
     "etcd-cluster": "etcd",
     "postgres": "postgresql",
+    "redlock": "redis+redlock",
+    "memcached-pool": "memcached",
+    "redis-pool": "redis",
+    "redis-cluster": "redis+cluster",
 }
 ALL_BACKENDS = list(SCHEMES)
 
@@ -78,15 +82,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # and round trips decide it), and the heavier modules that use no backend: what the
 # parts of a sharded run are balanced by.
 SHARD_WEIGHTS = {
-    "etcd-cluster": 6.0,
+    "etcd-cluster": 7.0,
     "etcd": 5.0,
     "memcached": 5.0,
     "postgres": 4.0,
-    "redis": 3.0,
-    "sqlite": 3.0,
-    "memory": 1.0,
+    "redis": 4.0,
+    "sqlite": 4.0,
+    "memory": 1.5,
+    "redlock": 4.0,
+    "memcached-pool": 5.0,
+    "redis-pool": 4.0,
     "tests/test_cli.py": 4.0,
+    "tests/test_cli_cache.py": 2.0,
     "tests/test_servers.py": 3.0,
+    "redis-cluster": 5.0,
+    "tests/test_cli_lab.py": 1.0,
 }
 
 
@@ -155,6 +165,10 @@ def start_server(backend_name: str, workdir: Path) -> Any:
         "etcd": servers.start_etcd,
         "etcd-cluster": servers.start_etcd_cluster,
         "postgres": servers.start_postgres,
+        "redlock": servers.start_redis_masters,
+        "memcached-pool": servers.start_memcached_pool,
+        "redis-pool": servers.start_redis_pool,
+        "redis-cluster": servers.start_redis_cluster,
     }
     try:
         return starters[backend_name](workdir)

@@ -378,7 +378,8 @@ def test_no_command_is_a_usage_error(corral: Corral) -> None:
 
 
 def test_passwords_never_appear_and_config_errors_exit_2(corral: Corral) -> None:
-    result = corral("status", "job", "--url", "redis+cluster://user:s3cret@db.example:7000")
+    url = "redis+cluster://user:s3cret@db.example:7000?no_such_option=1"
+    result = corral("status", "job", "--url", url)
     assert result.returncode == 2
     assert "s3cret" not in result.stdout + result.stderr
     assert "Traceback" not in result.stderr

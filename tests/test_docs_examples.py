@@ -54,6 +54,13 @@ class Database:
 
     def initialise_user(self, user_id: int, fencing_token: int) -> None: ...
 
+    def count_contacts(self) -> int:
+        raise NotImplementedError
+
+
+def count_contacts() -> int:
+    raise NotImplementedError
+
 
 db: Database
 store: corral.Store
@@ -77,6 +84,9 @@ class Database:
     def initialise_user(self, user_id: int, fencing_token: int) -> None:
         assert isinstance(fencing_token, int)
         self.done[user_id] = fencing_token
+
+    def count_contacts(self) -> int:
+        return 42
 
 
 @pytest.fixture
@@ -117,6 +127,7 @@ def namespace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[
         "schedule_jobs": lambda term: reports.append(term),
         "schedule_jobs_async": build_report_async_term,
         "db": Database(),
+        "count_contacts": lambda: 42,
         "store": connect(),
         "reports": reports,
     }

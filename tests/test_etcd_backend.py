@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
+import random
 import select
 import signal
 import socket
@@ -19,7 +21,8 @@ import ssl
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +33,13 @@ import corral.aio
 from corral._sync.backends import etcd as sync_etcd
 from corral._sync.backends.etcd import EtcdBackend
 from corral.backends import etcd_api as api
-from corral.core.primitives import Outcome
+from corral.core.envelope import claim_due, encode, make_codec, mark_stale
+from corral.core.primitives import CacheRead, Claim, Outcome
 from corral.errors import BackendError, BackendUnavailable, ConfigError, LockExpired
 from corral.testing import servers
 from tests.conftest import server_missing
+
+JSON = make_codec("json", None)
 
 # -- no server --------------------------------------------------------------------
 
@@ -1292,3 +1298,319 @@ def test_an_acquisition_given_up_on_is_taken_back_async(
         asyncio.run(scenario())
     finally:
         proxy.close()
+
+
+# -- cache entries ------------------------------------------------------------------------
+
+
+def cache_entry(key: str, value: object, *, fresh_for: float, generation: int = 0) -> bytes:
+    return encode(
+        value, JSON, key, fresh_until=time.time() + fresh_for, delta=0.05, generation=generation
+    )
+
+
+def cache_claim(name: str, owner: str = "reader", due_before: float | None = None) -> Claim:
+    when = time.time() if due_before is None else due_before
+    return Claim(lock=f"recompute-{name}", owner=f"{owner}-{name}", ttl=10.0, due_before=when)
+
+
+def test_the_due_stamp_decides_as_claim_due_does() -> None:
+    """What the server compares (a stamp strictly between two bounds) is `claim_due`, negated,
+    whatever the header, the generation and `due_before`."""
+    rng = random.Random(7)
+    now = 1_700_000_000.0
+    times = [0.0, 1e-6, now, now + 1e-6, now - 1e-6, now + 0.5, 9_999_999_999.999999]
+    for _ in range(3000):
+        fresh, retry = rng.choice(times), rng.choice([0.0, *times])
+        written = rng.choice([0, 1, 2, 41, 10**16 - 1])
+        current = rng.choice([0, 1, 2, 41, 10**16 - 1, 10**16])
+        due_before = rng.choice([*times, now + rng.uniform(-1, 1), -1.0, math.nan, 1e11])
+        data = encode(
+            1, JSON, "k", fresh_until=fresh, retry_until=retry, delta=0.0, generation=written
+        )
+        if rng.random() < 0.1:
+            data = rng.choice([b"foreign", data[:40], b"c2" + data[2:]])
+        stamp = api.due_stamp(data)
+        low, high = api.due_bounds(current, due_before)
+        not_due = stamp is not None and low < stamp < high
+        assert not_due == (not claim_due(data, current, due_before)), (data, current, due_before)
+
+
+def test_cache_keys_have_their_own_space_one_to_one() -> None:
+    keys = ["a", "a/b", "%2F", "nul\x00", "lone \ud800", "\ud83d\ude00", "😀", "x" * 10_000]
+    entries = [api.cache_keys("corral", key).entry for key in keys]
+    assert len(set(entries)) == len(keys)  # surrogates included, long keys uncut
+    assert api.cache_keys("corral", "x" * 10_000).entry.endswith(b"x" * 10_000)
+    for key in keys:
+        mapped = api.cache_keys("app", key)
+        assert mapped.entry.startswith(b"app/cache/e/") and mapped.due.startswith(b"app/cache/d/")
+        assert api.generation_key("app", key).startswith(b"app/cache/g/")
+        for other in (api.lock_keys("app", key).scope, api.semaphore_keys("app", key).scope):
+            assert not other.startswith(b"app/cache/")
+    # A key's prefix range holds exactly the keys that start with it.
+    request = api.cache_count_request("app", "ns:")
+    assert api.unb64(request["key"]) == b"app/cache/e/ns:"
+    assert api.unb64(request["range_end"]) == b"app/cache/e/ns;"
+
+
+def test_batches_fit_etcd_limits() -> None:
+    assert api.batches([], 1, reserved=1) == [range(0, 0)]
+    runs = api.batches([10] * 300, 1, reserved=1)
+    assert [len(run) for run in runs] == [127, 128, 45]
+    assert [len(run) for run in api.batches([10] * 100, 2)] == [64, 36]
+    big = api.TXN_BYTES // 2 + 1
+    assert [len(run) for run in api.batches([big, big, 5, big * 3], 2)] == [1, 2, 1]
+
+
+@pytest.fixture
+def cache_store(single: servers.EtcdServer, name: str) -> Iterator[corral.Store]:
+    """A store of its own prefix, so that what a test leaves on the server can be counted."""
+    with corral.connect(single.url, prefix=f"cache-{name}") as opened:
+        yield opened
+
+
+def test_cache_round_trips(
+    store: corral.Store, single: servers.EtcdServer, requests: list[str], name: str
+) -> None:
+    backend = backend_of(store)
+    key, gen_key = f"ns:{name}", f"gen-{name}"
+    backend.cache_store([(key, cache_entry(key, 1, fresh_for=30), 60.0)])
+    assert requests == ["/v3/lease/grant", "/v3/kv/txn"]  # no shared lease yet
+    requests.clear()
+    backend.cache_store([(f"{key}:{i}", cache_entry(key, i, fresh_for=30), 61.0) for i in range(5)])
+    assert requests == ["/v3/kv/txn"]  # the lease of the first, shared
+    requests.clear()
+    assert backend.cache_fetch([key, *(f"{key}:{i}" for i in range(5))], gen_key)[1] == 0
+    assert requests == ["/v3/kv/txn"]
+    requests.clear()
+    fresh = backend.cache_read(key, gen_key, cache_claim(name))
+    assert fresh.entry is not None and fresh.attempt is None
+    assert requests == ["/v3/kv/txn"]  # a fresh entry: one transaction, no lease
+    requests.clear()
+    # A missing entry: read, then (without a spare lease) a lease and the claimed read.
+    won = backend.cache_read(f"{key}-missing", gen_key, cache_claim(name))
+    assert won.attempt is not None and won.attempt.acquired
+    assert requests == ["/v3/kv/txn", "/v3/lease/grant", "/v3/kv/txn"]
+    requests.clear()
+    # Another reader's claim is refused; its lease stays for its next claimed read.
+    refused = backend.cache_read(f"{key}-missing", gen_key, cache_claim(name, "other"))
+    assert refused.attempt is not None and not refused.attempt.acquired
+    assert requests == ["/v3/kv/txn", "/v3/lease/grant", "/v3/kv/txn"]
+    requests.clear()
+    backend.release(f"recompute-{name}", f"reader-{name}")
+    requests.clear()
+    again = backend.cache_read(f"{key}-missing", gen_key, cache_claim(name, "other"))
+    assert again.attempt is not None and again.attempt.acquired
+    # One transaction reads, compares and takes the lock; the kept lease is restarted.
+    assert requests == ["/v3/kv/txn", "/v3/lease/keepalive"]
+    backend.release(f"recompute-{name}", f"other-{name}")
+    requests.clear()
+    assert backend.cache_clear(gen_key) == 1
+    assert requests == ["/v3/kv/txn"]
+    requests.clear()
+    stale = backend.cache_read(key, gen_key, cache_claim(name))  # written under generation 0
+    assert stale.generation == 1 and stale.attempt is not None and stale.attempt.acquired
+    assert requests == ["/v3/kv/txn", "/v3/lease/grant", "/v3/kv/txn"]
+    backend.release(f"recompute-{name}", f"reader-{name}")
+    requests.clear()
+    assert backend.cache_invalidate(key, 30.0)
+    assert requests == ["/v3/kv/range", "/v3/lease/grant", "/v3/kv/txn"]  # a 30 s lease
+    requests.clear()
+    assert backend.cache_invalidate(f"{key}:0", 30.0)
+    assert requests == ["/v3/kv/range", "/v3/kv/txn"]  # shared
+    requests.clear()
+    assert backend.cache_delete(key)
+    assert requests == ["/v3/kv/txn"]
+    requests.clear()
+    assert backend.cache_count(f"{key}:") == 5
+    assert requests == ["/v3/kv/range"]
+
+
+def test_a_clear_by_another_client_is_seen_by_the_next_claimed_read(
+    store: corral.Store, single: servers.EtcdServer, requests: list[str], name: str
+) -> None:
+    backend = backend_of(store)
+    key, gen_key = f"ns:{name}", f"gen-{name}"
+    backend.cache_store([(key, cache_entry(key, 1, fresh_for=30), 60.0)])
+    assert backend.cache_read(key, gen_key, cache_claim(name)).attempt is None
+    with corral.connect(single.url) as other:
+        assert backend_of(other).cache_clear(gen_key) == 1
+    requests.clear()
+    read = backend.cache_read(key, gen_key, cache_claim(name))
+    assert read.generation == 1 and read.attempt is not None and read.attempt.acquired
+    # The generation it knew had moved: read again knowing it, then claim on a lease.
+    assert requests == ["/v3/kv/txn", "/v3/kv/txn", "/v3/lease/grant", "/v3/kv/txn"]
+    backend.release(f"recompute-{name}", f"reader-{name}")
+    stored = cache_entry(key, 2, fresh_for=30, generation=1)
+    backend.cache_store([(key, stored, 60.0)])
+    requests.clear()
+    assert backend.cache_read(key, gen_key, cache_claim(name)) == CacheRead(stored, 1)
+    assert requests == ["/v3/kv/txn"]
+
+
+def test_many_keys_take_several_transactions(store: corral.Store, requests: list[str]) -> None:
+    backend = backend_of(store)
+    keys = [f"many:{uuid.uuid4().hex}" for _ in range(300)]
+    items = [(key, cache_entry(key, i, fresh_for=30), 60.0) for i, key in enumerate(keys)]
+    backend.cache_store(items)
+    assert requests.count("/v3/kv/txn") == 5  # 2 operations a key, 128 a transaction
+    requests.clear()
+    found, generation = backend.cache_fetch(keys, "many")
+    assert found == [data for _, data, _ in items] and generation == 0
+    assert requests == ["/v3/kv/txn"] * 3
+    # The last write of a key wins, as written one after the other.
+    first, second = cache_entry(keys[0], "a", fresh_for=30), cache_entry(keys[0], "b", fresh_for=30)
+    backend.cache_store([(keys[0], first, 60.0), (keys[1], first, 0.0), (keys[0], second, 60.0)])
+    assert backend.cache_fetch(keys[:2], "many")[0] == [second, None]
+
+
+def test_cache_keys_live_under_the_prefix_apart_from_locks(
+    cache_store: corral.Store, name: str
+) -> None:
+    backend = backend_of(cache_store)
+    prefix = f"cache-{name}"
+    lock = cache_store.lock("ns:same", ttl=30)
+    assert lock.acquire()
+    odd = ["ns:same", "ns:a/b", "ns:nul\x00", "ns:lone \ud800", "ns:" + "é" * 10_000]
+    items = [(key, cache_entry(key, key, fresh_for=30), 60.0) for key in odd]
+    backend.cache_store([*items, ("ns:foreign", b"not an envelope", 60.0)])
+    assert backend.cache_clear("ns") == 1
+    assert backend.cache_fetch(odd, "ns") == ([data for _, data, _ in items], 1)
+    assert count_under(cache_store, api.encode(f"{prefix}/cache/e/")) == len(odd) + 1
+    # A due stamp beside each envelope; none for bytes that are not one.
+    assert count_under(cache_store, api.encode(f"{prefix}/cache/d/")) == len(odd)
+    assert count_under(cache_store, api.encode(f"{prefix}/cache/g/")) == 1
+    assert backend.cache_count("ns:") == len(odd) + 1
+    assert backend.cache_count("ns:a/") == 1 and backend.cache_count("other") == 0
+    long_key = odd[-1]
+    read = backend.cache_read(long_key, "ns", cache_claim(name))
+    assert read.entry == items[-1][1] and read.attempt is not None and read.attempt.acquired
+    backend.release(f"recompute-{name}", f"reader-{name}")
+    assert backend.cache_invalidate(long_key, 30.0)
+    assert backend.cache_delete(long_key) and not backend.cache_delete(long_key)
+    assert backend.cache_delete("ns:same")
+    assert count_under(cache_store, api.encode(f"{prefix}/cache/d/")) == len(odd) - 2
+    info = cache_store.lock_info("ns:same")  # the lock of the same name is untouched
+    assert info is not None and info.owner == lock.owner
+    lock.release()
+
+
+def lease_of(store: corral.Store, key: bytes) -> tuple[int, int]:
+    """The lease a key is on, and that lease's granted TTL."""
+    found = backend_of(store)._post(
+        "/v3/kv/range", api.range_request(key), time.monotonic() + 10, "", "check"
+    )
+    lease = int(found["kvs"][0]["lease"])
+    answer = backend_of(store)._post(
+        "/v3/lease/timetolive", {"ID": str(lease)}, time.monotonic() + 10, "", "check"
+    )
+    return lease, int(answer["grantedTTL"])
+
+
+@pytest.mark.parametrize(
+    ("keep", "granted"), [(0.2, (2,)), (1.0, (2,)), (2.3, (3,)), (60.0, (62,)), (600.0, (619,))]
+)
+def test_an_entry_lease_is_keep_rounded_up_and_a_little_more(
+    cache_store: corral.Store, name: str, keep: float, granted: tuple[int, ...]
+) -> None:
+    """At least `keep` (and the cluster's minimum), at most a 16th more (and half a second),
+    rounded up: the lease is shared by the entries stored meanwhile with about that keep."""
+    backend = backend_of(cache_store)
+    key = f"ns:{name}"
+    backend.cache_store([(key, cache_entry(key, 1, fresh_for=keep), keep)])
+    lease, ttl = lease_of(cache_store, api.cache_keys(f"cache-{name}", key).entry)
+    assert ttl in granted
+    backend.cache_store([(key + "-2", cache_entry(key, 2, fresh_for=keep), keep)])
+    assert lease_of(cache_store, api.cache_keys(f"cache-{name}", key + "-2").entry)[0] == lease
+    assert lease_of(cache_store, api.cache_keys(f"cache-{name}", key).due)[0] == lease
+
+
+def test_expired_entries_and_their_leases_are_gone(single: servers.EtcdServer, name: str) -> None:
+    before = lease_ids_of(single)
+    with corral.connect(single.url, prefix=f"cache-{name}") as store:
+        backend = backend_of(store)
+        for index in range(40):
+            key = f"ns:{index}"
+            backend.cache_store([(key, cache_entry(key, index, fresh_for=0.5), 1.0)])
+            read = backend.cache_read(key, "ns", cache_claim(f"{name}-{index}", due_before=0))
+            assert read.attempt is None
+            if index % 4 == 0:
+                assert backend.cache_invalidate(key, 1.0)
+            if index % 10 == 0:
+                missing = backend.cache_read(f"{key}-missing", "ns", cache_claim(f"{name}-m"))
+                assert missing.attempt is not None
+                if missing.attempt.acquired:
+                    backend.release(f"recompute-{name}-m", f"reader-{name}-m")
+            time.sleep(0.02)
+        assert backend.cache_count("") == 40
+        assert len(lease_ids_of(single) - before) <= 5  # shared, not one per entry
+        time.sleep(3.5)  # keep 1 s: a lease of the cluster's minimum 2 s, and a half
+        assert backend.cache_count("") == 0
+        assert count_under(store, api.encode(f"cache-{name}/cache/d/")) == 0
+    # The spare claim leases are revoked on closing, the entries' ran out.
+    for _ in range(50):
+        if not lease_ids_of(single) - before:
+            break
+        time.sleep(0.1)
+    assert lease_ids_of(single) - before == set()
+
+
+def test_cache_calls_on_a_dead_server_fail_in_time(unused_port: int, name: str) -> None:
+    url = f"etcd://alice:s3cret@127.0.0.1:{unused_port}"
+    with corral.connect(url, timeout=0.5) as store:
+        backend = backend_of(store)
+        calls: list[Callable[[], object]] = [
+            lambda: backend.cache_fetch(["k", "l"], "g"),
+            lambda: backend.cache_read("k", "g"),
+            lambda: backend.cache_read("k", "g", cache_claim(name)),
+            lambda: backend.cache_store([("k", b"x", 10.0)]),
+            lambda: backend.cache_delete("k"),
+            lambda: backend.cache_invalidate("k", 10.0),
+            lambda: backend.cache_clear("g"),
+            lambda: backend.cache_count("k"),
+        ]
+        for call in calls:
+            started = time.monotonic()
+            with pytest.raises(BackendUnavailable) as down:
+                call()
+            assert time.monotonic() - started < 1.5
+            assert f"127.0.0.1:{unused_port}" in str(down.value)
+            assert "s3cret" not in str(down.value)
+        assert "cache key 'k'" in str(down.value) or "cache keys" in str(down.value)
+
+
+def test_a_value_too_large_for_etcd_is_refused_with_advice(store: corral.Store, name: str) -> None:
+    key = f"ns:{name}"
+    data = cache_entry(key, "x" * (2 << 20), fresh_for=30)
+    with pytest.raises(BackendError, match="max-request-bytes") as refused:
+        backend_of(store).cache_store([(key, data, 60.0)])
+    assert f"cache key {key!r}" in str(refused.value)
+
+
+def test_a_claimed_read_whose_answer_is_lost_is_recognised(lossy: Lossy, name: str) -> None:
+    backend = backend_of(lossy.store)
+    key, claim = f"ns:{name}", cache_claim(name)
+    # Only the claimed read carries the lock's key: lose its answer, once.
+    lossy.plan.arm(
+        "/v3/kv/txn", marker=api.b64(api.lock_keys("corral", claim.lock).holder).encode()
+    )
+    read = backend.cache_read(key, f"gen-{name}", claim)
+    assert lossy.plan.lost == ["/v3/kv/txn"]
+    assert read.attempt is not None and read.attempt.acquired  # its own: this owner, this lease
+    info = lossy.direct.lock_info(claim.lock)
+    assert info is not None and info.owner == claim.owner and info.token == read.attempt.token
+    assert backend.release(claim.lock, claim.owner) is Outcome.OK
+    assert lossy.direct.lock_info(claim.lock) is None
+
+
+def test_an_invalidate_whose_answer_is_lost_marks_stale_once(lossy: Lossy, name: str) -> None:
+    backend = backend_of(lossy.store)
+    key = f"ns:{name}"
+    data = cache_entry(key, {"v": 1}, fresh_for=300)
+    backend.cache_store([(key, data, 600.0)])
+    entry_key = api.cache_keys("corral", key).entry
+    lossy.plan.arm("/v3/kv/txn", marker=api.b64(entry_key).encode())  # the swap, not the read
+    assert backend.cache_invalidate(key, 30.0)
+    assert lossy.plan.lost == ["/v3/kv/txn"]
+    (found,), _ = backend_of(lossy.direct).cache_fetch([key], "g")
+    assert found is not None and found == mark_stale(data)

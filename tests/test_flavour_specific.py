@@ -348,6 +348,20 @@ def test_closing_a_store_while_a_thread_waits_starts_nothing_new(
 
 
 @pytest.mark.capability("cross_process")
+def _wait_until_corral_jobs_are_idle(within: float = 30.0) -> None:
+    from corral._sync import _compat
+
+    pool = _compat._POOL
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        workers = [t for t in threading.enumerate() if t.name == "corral-job"]
+        with pool._mutex:
+            if not pool._jobs and pool._idle >= len(workers):
+                return
+        time.sleep(0.01)
+    raise AssertionError("corral's background jobs did not go idle")
+
+
 def test_a_child_forked_without_pythons_fork_hooks_has_its_own_identity(
     backend_url: str, name: str
 ) -> None:
@@ -362,6 +376,11 @@ def test_a_child_forked_without_pythons_fork_hooks_has_its_own_identity(
         lock = store.lock(name, ttl=30)
         assert lock.acquire()  # the store now has connections, maybe kept for reuse
         parent_owner = make_owner("x")
+        # A fork from C copies no thread but the caller, and ctypes lets go of the GIL
+        # for the call: were another thread running Python then (Redlock's reply from its
+        # last master, still being read), the child would wait for it forever. uWSGI forks
+        # before any such thread runs; so does this test, once corral's jobs are idle.
+        _wait_until_corral_jobs_are_idle()
         pid = libc.fork()
         assert pid >= 0
         if pid == 0:  # the child, forked behind Python's back: exit status only

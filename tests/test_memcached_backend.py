@@ -1,5 +1,5 @@
 """memcached-specific behaviour: keys, whole-second TTLs, compare-and-swap races, eviction,
-restarts, fork, threads, TLS, authentication, semaphore slots.
+restarts, fork, threads, TLS, authentication, semaphore slots, cache entries.
 
 The lock contract itself runs over memcached in tests/_async and tests/_sync; this file covers
 what only memcached has. The framing and key tests need no server; the rest run against real
@@ -9,6 +9,7 @@ memcached processes, the shared one or private ones started with the flags a tes
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
 import itertools
 import os
@@ -28,21 +29,31 @@ import pytest
 
 import corral
 import corral.aio
+from corral._async.backends import memcached_conn as async_conn
+from corral._sync._compat import Stream
+from corral._sync.backends import memcached_slots
+from corral._sync.backends.memcached_conn import Connection
+from corral._sync.backends.memcached_locks import MemcachedLocks
+from corral._sync.backends.memcached_slots import MAX_LIMIT, MemcachedSemaphores
+from corral.backends import memcached_cache
 from corral.backends import memcached_proto as proto
-from corral.backends import memcached_semaphores
-from corral.backends.memcached_locks import PLACEHOLDER_TTL, MemcachedLocks, QueueState
 from corral.backends.memcached_proto import (
     MAX_KEY_BYTES,
+    PLACEHOLDER_TTL,
     TTL_MARGIN,
     ProtocolError,
+    QueueState,
     Reply,
     ReplyParser,
     SemaphoreKeys,
+    cache_key,
     decode_slot,
     decode_value,
     encode_slot,
     encode_value,
+    entry_ttl,
     fence_key,
+    generation_key,
     lease_left,
     lock_keys,
     parse_url,
@@ -53,8 +64,8 @@ from corral.backends.memcached_proto import (
     server_ttl,
     shown_url,
 )
-from corral.backends.memcached_semaphores import MAX_LIMIT, MemcachedSemaphores
-from corral.core.primitives import Outcome
+from corral.core.envelope import HEADER_SIZE, decode_header, encode, make_codec
+from corral.core.primitives import Claim, Outcome
 from corral.errors import BackendError, BackendUnavailable, ConfigError, LockExpired, LockLost
 from corral.testing import servers
 from tests.conftest import server_missing
@@ -96,7 +107,7 @@ def host_port(url: str) -> tuple[str, int]:
 def raw(url: str, *requests: bytes) -> list[Reply]:
     """Commands straight to the server, around corral."""
     with socket.create_connection(host_port(url), timeout=5) as sock:
-        return proto._Connection(sock).call(time.monotonic() + 10, *requests)
+        return Connection(Stream(sock)).call(time.monotonic() + 10, *requests)
 
 
 def stat(url: str, name: str) -> int:
@@ -287,7 +298,7 @@ def test_credentials_never_show() -> None:
 @pytest.mark.parametrize(
     ("url", "options", "match"),
     [
-        ("memcached://a:1,b:2", {}, "several servers"),
+        ("memcached://a:1,b:2", {}, "list of servers"),
         ("memcached://h:1/0", {}, "no databases"),
         ("memcached://h:99999", {}, "port"),
         ("memcached://", {}, "no host"),
@@ -490,7 +501,7 @@ def test_locks_and_holds_longer_than_30_days(store: corral.Store, name: str) -> 
 def test_failed_attempt_reports_the_holders_ttl(store: corral.Store, name: str) -> None:
     lock = store.lock(name, ttl=20)
     assert lock.acquire()
-    attempt = locks_of(store).try_acquire(locks_of(store).begin_attempt(name, "someone"), 5)
+    attempt = locks_of(store).try_acquire(name, "someone", 5)
     assert not attempt.acquired and attempt.holder_ttl is not None
     assert 19 <= attempt.holder_ttl <= 20 + TTL_MARGIN
     lock.release()
@@ -505,15 +516,15 @@ def interfere(monkeypatch: pytest.MonkeyPatch) -> Callable[[bytes, Callable[[], 
 
     def install(prefix: bytes, action: Callable[[], None]) -> list[int]:
         fired: list[int] = []
-        original = proto._Connection.call
+        original = Connection.call
 
-        def call(self: proto._Connection, deadline: float, *requests: bytes) -> list[Reply]:
+        def call(self: Connection, deadline: float, *requests: bytes) -> list[Reply]:
             if not fired and requests[0].startswith(prefix):
                 fired.append(1)
                 action()
             return original(self, deadline, *requests)
 
-        monkeypatch.setattr(proto._Connection, "call", call)
+        monkeypatch.setattr(Connection, "call", call)
         return fired
 
     return install
@@ -615,7 +626,7 @@ def test_a_take_after_another_acquisition_fails_and_reports_the_holder(
     """The compare-and-swap on the placeholder refuses a lock taken since the probe."""
     winner = other_store.lock(name, ttl=20)
     fired = interfere(b"ms " + lock_keys("corral", name).lock.encode() + b" ", winner.acquire)
-    attempt = locks_of(store).try_acquire(locks_of(store).begin_attempt(name, "late"), 30)
+    attempt = locks_of(store).try_acquire(name, "late", 30)
     assert fired and not attempt.acquired
     assert attempt.holder_ttl is not None and 19 <= attempt.holder_ttl <= 20 + TTL_MARGIN
     info = store.lock_info(name)
@@ -662,60 +673,157 @@ def test_a_placeholder_is_no_lock(
     assert raw(backend_url, request("mg", keys.lock))[0].code == b"EN"  # released: deleted
 
 
-def test_release_waits_for_an_attempt_in_flight(
-    store: corral.Store, name: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A release of an owner whose attempt is still running must not overtake its take."""
-    locks = locks_of(store)
-    original = proto._Connection.call
-
-    def slow_add(self: proto._Connection, deadline: float, *requests: bytes) -> list[Reply]:
-        if any(is_take(line, name) for line in requests):
-            time.sleep(0.3)
-        return original(self, deadline, *requests)
-
-    monkeypatch.setattr(proto._Connection, "call", slow_add)
-    ticket = locks.begin_attempt(name, "owner-1")
-    results: list[object] = []
-    thread = threading.Thread(target=lambda: results.append(locks.try_acquire(ticket, 30)))
-    thread.start()
-    time.sleep(0.1)
-    assert locks.release(name, "owner-1") is Outcome.OK
-    thread.join()
-    assert results[0].acquired  # type: ignore[attr-defined]
-    assert store.lock_info(name) is None  # the release came after the take, and freed it
-
-
-def test_an_attempt_abandoned_before_it_started_never_runs(store: corral.Store, name: str) -> None:
-    locks = locks_of(store)
-    ticket = locks.begin_attempt(name, "owner-1")
-    ticket.abandon()
-    assert not locks.try_acquire(ticket, 30).acquired
-    assert store.lock_info(name) is None
-    assert locks.release(name, "owner-1") is Outcome.EXPIRED
-
-
 async def test_cancelled_attempt_leaves_no_lock_behind(
     backend_url: str, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    original = proto._Connection.call
-    taking = threading.Event()
+    """Cancelled while its take is on its way: the take lands, and only then is it undone.
 
-    def slow_take(self: proto._Connection, deadline: float, *requests: bytes) -> list[Reply]:
+    The take-back must not overtake the take (it would find nothing, and the lock would
+    stay held by an owner nobody knows until its TTL): the server sees the release after
+    the compare-and-swap that took the lock.
+    """
+    original = async_conn.Connection.call
+    taking = asyncio.Event()
+    seen: list[bytes] = []
+    lock_key = lock_keys("corral", name).lock.encode()
+
+    async def slow_take(
+        self: async_conn.Connection, deadline: float, *requests: bytes
+    ) -> list[Reply]:
         if any(is_take(line, name) for line in requests):
             taking.set()
-            time.sleep(0.3)
-        return original(self, deadline, *requests)
+            await asyncio.sleep(0.3)  # the caller is cancelled meanwhile
+            seen.append(b"take")
+        elif any(line.startswith(b"md " + lock_key) for line in requests):
+            seen.append(b"release")
+        return await original(self, deadline, *requests)
 
-    monkeypatch.setattr(proto._Connection, "call", slow_take)
+    monkeypatch.setattr(async_conn.Connection, "call", slow_take)
     async with corral.aio.connect(backend_url) as store:
         task = asyncio.create_task(store.lock(name, ttl=60).acquire())
-        assert await asyncio.to_thread(taking.wait, 10)  # the take is on its way, in a thread
+        await asyncio.wait_for(taking.wait(), 10)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+        for _ in range(100):  # the undo runs in the background, after the take
+            if seen[-1:] == [b"release"]:
+                break
+            await asyncio.sleep(0.05)
+        assert seen == [b"take", b"release"]
         assert await store.lock_info(name) is None
         assert await store.lock(name, ttl=5).acquire()
+
+
+async def test_a_call_cancelled_mid_round_trip_leaves_the_pool_usable(
+    backend_url: str, name: str
+) -> None:
+    """The cancelled call's reply is never read by the next caller: its connection is gone."""
+    async with corral.aio.connect(backend_url, max_connections=1) as store:
+        held = store.lock(name, ttl=30)
+        assert await held.acquire()
+        pool = store.backend._locks.client._pool  # type: ignore[attr-defined]
+        (conn,) = pool._idle
+        original = conn.stream.recv
+        sent = asyncio.Event()
+
+        async def stalled(deadline: float) -> bytes:
+            sent.set()  # the request is on the wire; its reply is never read here
+            await asyncio.sleep(60)
+            return await original(deadline)
+
+        conn.stream.recv = stalled  # type: ignore[method-assign]
+        task = asyncio.create_task(store.lock_info(name))
+        await asyncio.wait_for(sent.wait(), 10)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert conn.broken and not pool._idle and not pool._lent  # closed, not pooled again
+        # The next callers get a fresh connection and their own replies, not the stale one.
+        assert await store.lock_info(f"{name}-other") is None
+        info = await store.lock_info(name)
+        assert info is not None and info.owner == held.owner
+        await held.release()
+        assert await store.lock_info(name) is None
+
+
+async def test_tasks_cancelled_while_waiting_for_a_connection_leave_it_to_the_others(
+    backend_url: str, name: str
+) -> None:
+    async with corral.aio.connect(backend_url, max_connections=2) as store:
+        tasks = [asyncio.create_task(store.lock_info(f"{name}-{i}")) for i in range(30)]
+        await asyncio.sleep(0)  # all started: two hold connections, the rest wait
+        for task in tasks[1::3]:
+            task.cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        for i, result in enumerate(results):
+            assert result is None or (i % 3 == 1 and isinstance(result, asyncio.CancelledError))
+        pool = store.backend._locks.client._pool  # type: ignore[attr-defined]
+        assert len(pool._idle) + len(pool._lent) <= 2 and not pool._lent
+        assert await store.lock_info(name) is None
+
+
+async def test_the_async_flavour_makes_no_thread_hop(backend_url: str, name: str) -> None:
+    """Every call is awaited on the event loop: the default executor is never used."""
+
+    class Refusing(concurrent.futures.ThreadPoolExecutor):
+        used: list[str] = []
+
+        def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+            self.used.append(repr(fn))
+            return super().submit(fn, *args, **kwargs)
+
+    loop = asyncio.get_running_loop()
+    refusing = Refusing(max_workers=1)
+    loop.set_default_executor(refusing)
+    try:
+        threads = threading.active_count()
+        url = backend_url.replace("localhost", "127.0.0.1")  # no name to resolve
+        async with corral.aio.connect(url, max_connections=2) as store:
+            lock = store.lock(name, ttl=30)
+            assert await lock.acquire()
+            assert (await store.lock_info(name)) is not None
+            await lock.extend(ttl=20)
+            await lock.release()
+            sem = store.semaphore(name, 2, ttl=30)
+            assert await sem.acquire()
+            await sem.release()
+            backend = store.backend
+            await backend.cache_store([(f"{name}-k", b"v", 30)])
+            assert (await backend.cache_fetch([f"{name}-k"], "g"))[0] == [b"v"]
+            await backend.cache_clear(f"{name}-g")
+            assert threading.active_count() <= threads  # no thread started for corral
+        assert Refusing.used == []
+    finally:
+        refusing.shutdown()
+
+
+async def test_a_stopped_server_is_bounded_by_the_timeout_in_async_too(tmp_path: Path) -> None:
+    server = servers.start_memcached(tmp_path)
+    try:
+        async with corral.aio.connect(server.url, timeout=0.5, max_connections=1) as store:
+            name = "stopped"
+            assert await store.lock_info(name) is None  # a pooled connection, then a pause
+            server.pause()
+            try:
+                with pytest.raises(BackendUnavailable, match=r"did not answer within 0\.5 s"):
+                    await store.lock(name, ttl=10).acquire(wait=0)
+                with pytest.raises(BackendUnavailable, match=r"did not answer within 0\.5 s"):
+                    await store.lock_info(name)
+            finally:
+                server.resume()
+            # The connections that timed out were dropped: the next call works.
+            assert await store.lock_info(name) is None
+            lock = store.lock(name, ttl=10)
+            assert await lock.acquire()
+            await lock.release()
+            # Waiting for a connection counts: with the only one lent out, a call gives up.
+            pool = store.backend._locks.client._pool  # type: ignore[attr-defined]
+            async with pool.connection(time.monotonic() + 60):
+                with pytest.raises(BackendUnavailable, match=r"stayed busy.*max_connections"):
+                    await store.lock_info(name)
+            assert await store.lock_info(name) is None
+    finally:
+        server.stop()
 
 
 def test_foreign_data_under_our_prefix(backend_url: str, name: str) -> None:
@@ -792,7 +900,7 @@ def place_alive(url: str, name: str, owner: str) -> bool:
 
 def attempt(store: corral.Store, name: str, owner: str, queue_ttl: float | None = None) -> Any:
     locks = locks_of(store)
-    return locks.try_acquire(locks.begin_attempt(name, owner), 30, queue_ttl)
+    return locks.try_acquire(name, owner, 30, queue_ttl)
 
 
 def entry(name: str, owner: str) -> str:
@@ -927,15 +1035,22 @@ def test_a_killed_waiter_stalls_the_queue_only_until_its_place_expires(
 
 @pytest.fixture
 def round_trips(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts `_Connection.call`s (one write, then every reply: one round trip each)."""
+    """Counts `_Connection.call`s and `call_quiet`s (one write, then every reply: one round
+    trip each)."""
     calls: list[int] = []
-    original = proto._Connection.call
+    original = Connection.call
+    original_quiet = Connection.call_quiet
 
-    def call(self: proto._Connection, deadline: float, *requests: bytes) -> list[Reply]:
+    def call(self: Connection, deadline: float, *requests: bytes) -> list[Reply]:
         calls.append(len(requests))
         return original(self, deadline, *requests)
 
-    monkeypatch.setattr(proto._Connection, "call", call)
+    def call_quiet(self: Connection, deadline: float, *requests: bytes) -> list[Reply]:
+        calls.append(len(requests))
+        return original_quiet(self, deadline, *requests)
+
+    monkeypatch.setattr(Connection, "call", call)
+    monkeypatch.setattr(Connection, "call_quiet", call_quiet)
     return calls
 
 
@@ -998,16 +1113,16 @@ def test_threads_share_one_store_without_overlap(backend_url: str, name: str) ->
 def test_a_full_pool_fails_within_the_timeout(
     backend_url: str, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    original = proto._Connection.call
+    original = Connection.call
     entered = threading.Event()
 
-    def slow(self: proto._Connection, deadline: float, *requests: bytes) -> list[Reply]:
+    def slow(self: Connection, deadline: float, *requests: bytes) -> list[Reply]:
         if requests and requests[0].startswith(b"mg ") and not entered.is_set():
             entered.set()
             time.sleep(1.5)
         return original(self, deadline, *requests)
 
-    monkeypatch.setattr(proto._Connection, "call", slow)
+    monkeypatch.setattr(Connection, "call", slow)
     with corral.connect(backend_url, max_connections=1, timeout=0.5) as store:
         outcome: list[BaseException] = []
 
@@ -1041,7 +1156,7 @@ def test_a_forked_child_opens_its_own_connection(backend_url: str, name: str) ->
     with corral.connect(backend_url) as store:
         assert store.lock_info(name) is None  # leaves one idle connection in the pool
         pool = locks_of(store).client._pool
-        parent_port = pool._idle[0].sock.getsockname()[1]
+        parent_port = pool._idle[0].stream.sock.getsockname()[1]
         stop = threading.Event()
         parent_errors: list[BaseException] = []
 
@@ -1064,7 +1179,7 @@ def test_a_forked_child_opens_its_own_connection(backend_url: str, name: str) ->
                         if not lock.acquire() or store.lock_info(lock.name) is None:
                             code = 3
                         lock.release()
-                    ports = {c.sock.getsockname()[1] for c in pool._idle}
+                    ports = {c.stream.sock.getsockname()[1] for c in pool._idle}
                     if parent_port in ports:
                         code = 4
                 except BaseException:
@@ -1077,6 +1192,38 @@ def test_a_forked_child_opens_its_own_connection(backend_url: str, name: str) ->
         assert os.waitstatus_to_exitcode(status) == 0
         assert not parent_errors, parent_errors
         assert store.lock_info(name) is None
+
+
+async def test_a_forked_child_of_an_async_store_opens_its_own_connection(
+    backend_url: str, name: str
+) -> None:
+    async with corral.aio.connect(backend_url) as store:
+        assert await store.lock_info(name) is None  # leaves one idle connection in the pool
+        pool = store.backend._locks.client._pool  # type: ignore[attr-defined]
+        parent_port = pool._idle[0].stream.sock.getsockname()[1]
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+
+                async def in_child() -> int:  # a new event loop, the same store
+                    lock = store.lock(f"{name}-child", ttl=10)
+                    if not await lock.acquire():
+                        return 3
+                    await lock.release()
+                    ports = {c.stream.sock.getsockname()[1] for c in pool._idle}
+                    return 4 if parent_port in ports or not ports else 0
+
+                code = asyncio.run(in_child())
+            except BaseException:
+                traceback.print_exc()
+                code = 5
+            os._exit(code)
+        _, status = await asyncio.to_thread(os.waitpid, pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        # The parent's connection survived the child: still pooled, still answering.
+        assert pool._idle[0].stream.sock.getsockname()[1] == parent_port
+        assert await store.lock_info(name) is None
 
 
 # -- private servers: eviction, restart, flags -------------------------------------
@@ -1182,6 +1329,14 @@ def test_restart_forgets_locks_but_tokens_still_increase(
         assert lock.token is not None and before is not None and lock.token > before
         lock.release()
 
+    async def over_asyncio() -> None:  # the loop has not read the end of stream yet
+        async with corral.aio.connect(server.url, timeout=2) as store:
+            assert await store.lock_info(name) is None  # one pooled connection
+            server.restart()
+            assert await store.lock_info(name) is None  # replaced, not reported
+
+    asyncio.run(over_asyncio())
+
 
 def test_a_server_without_cas_is_refused(
     backend_name: str, start_memcached: Callable[..., CustomMemcached], name: str
@@ -1225,6 +1380,21 @@ def test_tls(
     ):
         store.lock_info(name)
 
+    async def over_asyncio() -> None:  # asyncio's own TLS, not the ssl module's sockets
+        async with corral.aio.connect(server.url, tls_ca_file=str(ca_file)) as store:
+            lock = store.lock(name, ttl=10)
+            assert await lock.acquire()
+            assert await store.lock_info(name) is not None
+            await lock.release()
+        async with corral.aio.connect(server.url, tls=True, timeout=2) as store:
+            with pytest.raises(BackendError, match="not trusted"):
+                await store.lock_info(name)
+        async with corral.aio.connect(server.url, timeout=2) as store:
+            with pytest.raises(BackendUnavailable, match="tls=true"):
+                await store.lock_info(name)
+
+    asyncio.run(over_asyncio())
+
 
 def test_authentication(
     backend_name: str, start_memcached: Callable[..., CustomMemcached], tmp_path: Path, name: str
@@ -1246,6 +1416,15 @@ def test_authentication(
         pytest.raises(BackendError, match="requires authentication"),
     ):
         store.lock_info(name)
+
+    async def over_asyncio() -> None:
+        async with corral.aio.connect(f"memcached://alice:s3cret@{where}") as store:
+            assert await store.lock_info(name) is None
+        async with corral.aio.connect(f"memcached://alice:wrong@{where}") as store:
+            with pytest.raises(BackendError, match="refused the credentials"):
+                await store.lock_info(name)
+
+    asyncio.run(over_asyncio())
 
 
 def test_an_old_memcached_is_refused(backend_name: str, name: str) -> None:
@@ -1449,7 +1628,7 @@ def test_a_limit_that_loses_the_race_for_the_header_gives_its_slot_back(
     """Two limits on a free semaphore at once: only one becomes its identity."""
     # Each takes the last free slot it saw: the winner slot 2, the loser slot 1, so the
     # loser's take succeeds and only the header tells it that it lost.
-    monkeypatch.setattr(memcached_semaphores.random, "choice", lambda seq: seq[-1])
+    monkeypatch.setattr(memcached_slots.random, "choice", lambda seq: seq[-1])
     given_back: list[int] = []
     give_back = MemcachedSemaphores._give_back
 
@@ -1507,30 +1686,32 @@ def test_release_finds_its_slot_without_the_remembered_index(
 async def test_cancelled_semaphore_attempt_takes_no_slot(
     backend_url: str, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    original = proto._Connection.call
-    taking = threading.Event()
-    taken = threading.Event()
+    original = async_conn.Connection.call
+    taking = asyncio.Event()
+    taken = asyncio.Event()
 
-    def slow_take(self: proto._Connection, deadline: float, *requests: bytes) -> list[Reply]:
+    async def slow_take(
+        self: async_conn.Connection, deadline: float, *requests: bytes
+    ) -> list[Reply]:
         if not any(is_slot_take(line, name, 2) for line in requests):
-            return original(self, deadline, *requests)
+            return await original(self, deadline, *requests)
         taking.set()
-        time.sleep(0.3)
+        await asyncio.sleep(0.3)
         try:
-            return original(self, deadline, *requests)
+            return await original(self, deadline, *requests)
         finally:
             taken.set()
 
-    monkeypatch.setattr(proto._Connection, "call", slow_take)
+    monkeypatch.setattr(async_conn.Connection, "call", slow_take)
     async with corral.aio.connect(backend_url) as store:
         task = asyncio.create_task(store.semaphore(name, 2, ttl=60).acquire())
-        assert await asyncio.to_thread(taking.wait, 10)  # the take is on its way, in a thread
+        await asyncio.wait_for(taking.wait(), 10)  # the take is on its way
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        # The take lands after the cancellation (it was on the wire); the attempt's
-        # undo then gives the slot back, in the background, long before its 60 s TTL.
-        assert await asyncio.to_thread(taken.wait, 10)
+        # The attempt goes on in a task of its own and takes the slot; the undo then
+        # gives it back, in the background, long before its 60 s TTL.
+        await asyncio.wait_for(taken.wait(), 10)
         for _ in range(100):
             if await store.semaphore_info(name) is None:
                 break
@@ -1592,8 +1773,7 @@ def test_a_holder_of_the_headers_limit_is_seen_by_a_racer_replacing_a_stale_head
     stores = [corral.connect(backend_url) for _ in range(4)]
     try:
         x, y, z, h = (store.backend._semaphores for store in stores)  # type: ignore[attr-defined]
-        first = h.begin_attempt(name, "h")
-        assert h.try_acquire(first, 30, 3).acquired
+        assert h.try_acquire(name, "h", 30, 3).acquired
         assert h.release(name, "h") is Outcome.OK  # the header "3" lingers
         real_session = x.client.session
         calls = itertools.count(1)
@@ -1608,11 +1788,9 @@ def test_a_holder_of_the_headers_limit_is_seen_by_a_racer_replacing_a_stale_head
                     def wrapped(*requests: bytes) -> Any:
                         if next(calls) == 3:  # just before the limit-2 take
                             with monkeypatch.context() as patch:
-                                patch.setattr(
-                                    memcached_semaphores.random, "choice", lambda seq: seq[-1]
-                                )
-                                late = y.begin_attempt(name, "y")
-                                assert y.try_acquire(late, 30, 3).acquired  # takes slot 2
+                                patch.setattr(memcached_slots.random, "choice", lambda seq: seq[-1])
+                                # takes slot 2
+                                assert y.try_acquire(name, "y", 30, 3).acquired
                         return call(*requests)
 
                     yield wrapped
@@ -1620,10 +1798,10 @@ def test_a_holder_of_the_headers_limit_is_seen_by_a_racer_replacing_a_stale_head
             return wrapped_session()
 
         monkeypatch.setattr(x.client, "session", session)
-        attempt = x.try_acquire(x.begin_attempt(name, "x"), 30, 2)
+        attempt = x.try_acquire(name, "x", 30, 2)
         monkeypatch.undo()
         assert not attempt.acquired and attempt.limit == 3
-        later = z.try_acquire(z.begin_attempt(name, "z"), 30, 2)
+        later = z.try_acquire(name, "z", 30, 2)
         assert not later.acquired and later.limit == 3
         info = stores[0].semaphore_info(name)
         assert info is not None and info.limit == 3
@@ -1631,3 +1809,340 @@ def test_a_holder_of_the_headers_limit_is_seen_by_a_racer_replacing_a_stale_head
     finally:
         for store in stores:
             store.close()
+
+
+# -- cache entries: an item per entry, a counter per namespace ------------------------
+
+CODEC = make_codec("json", None)
+
+
+def cache_entry(key: str, value: object, *, fresh_for: float = 30, generation: int = 0) -> bytes:
+    return encode(
+        value, CODEC, key, fresh_until=time.time() + fresh_for, delta=0.01, generation=generation
+    )
+
+
+def cache_claim(name: str, owner: str | None = None) -> Claim:
+    return Claim(f"recompute-{name}", owner or f"owner-{name}", 10.0, time.time())
+
+
+def test_plain_cache_keys_stay_readable_and_apart_from_every_other_key() -> None:
+    assert cache_key("corral", "users:1") == "corral:cache:users:1"
+    assert generation_key("corral", "users") == "corral:gen:users"
+    name = "report"
+    others = {
+        *lock_keys("corral", name)[:2],
+        semaphore_keys("corral", name).header,
+        semaphore_keys("corral", name).queue,
+        semaphore_keys("corral", name).slot(0),
+        fence_key("corral"),
+    }
+    assert cache_key("corral", name) not in others
+    assert generation_key("corral", name) not in others
+    assert cache_key("corral", name) != generation_key("corral", name)
+
+
+@pytest.mark.parametrize("key", [*AWKWARD_NAMES, "x" * 10_000, "k\x00", ""])
+def test_awkward_cache_keys_are_hashed_into_valid_keys(key: str) -> None:
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    for made, kind in ((cache_key("app", key), "cache"), (generation_key("app", key), "gen")):
+        assert re.fullmatch(r"[\x21-\x7e]+", made), made
+        assert len(made.encode()) <= MAX_KEY_BYTES
+        if re.fullmatch(r"[\x21-\x7e]*", key) and len(key) < 200:
+            assert made == f"app:{kind}:{key}"
+        else:
+            assert made.startswith(f"app:{kind}#") and made.endswith(f"#{digest}")
+    assert cache_key("app", key) == cache_key("app", key)  # deterministic
+
+
+def test_hashed_and_plain_cache_keys_never_collide() -> None:
+    keys = [*AWKWARD_NAMES, "x" * 237, "x" * 238, "x" * 10_000, "x" * 10_001, "has_space"]
+    # A plain key that spells out another key's hashed form stays apart.
+    keys.append(cache_key("corral", "has space").removeprefix("corral:cache:"))
+    keys.append(cache_key("corral", "has space").removeprefix("corral:"))
+    made = {cache_key("corral", key) for key in keys} | {generation_key("corral", k) for k in keys}
+    assert len(made) == 2 * len(keys)
+
+
+@pytest.mark.parametrize("keep", [0.001, 0.3, 1, 1.0000001, 2.5, 300, 86400.5])
+def test_entry_ttl_keeps_an_entry_at_least_keep_seconds(keep: float) -> None:
+    # memcached may end an item given T<n> up to 2 ticks (almost 2 s) early.
+    assert entry_ttl(keep) == server_ttl(keep)
+    assert entry_ttl(keep) - TTL_MARGIN >= keep - 1e-6
+    assert entry_ttl(keep) - TTL_MARGIN < keep + 1
+
+
+def test_entry_ttl_past_30_days_is_a_unix_time_and_past_2038_no_expiry() -> None:
+    now = time.time()
+    assert entry_ttl(30 * 86400 - TTL_MARGIN) == 30 * 86400
+    assert 0 <= entry_ttl(40 * 86400) - now - (40 * 86400 + TTL_MARGIN) <= 2
+    assert entry_ttl(2**31 - now + 10) == 0  # memcached's T0: kept until deleted or evicted
+    assert entry_ttl(float("inf")) == 0
+
+
+def test_many_requests_are_split_into_bounded_writes() -> None:
+    batches = memcached_cache.batches
+    small = [b"x" * 100] * 1000
+    by_bytes = list(batches(small, max_bytes=memcached_cache.BATCH_BYTES))
+    assert [r for batch in by_bytes for r in batch] == small
+    assert all(sum(map(len, batch)) <= memcached_cache.BATCH_BYTES for batch in by_bytes)
+    assert len(by_bytes) == -(-100_000 // memcached_cache.BATCH_BYTES)
+    assert list(batches([b"y" * 50_000, b"z"], max_bytes=10)) == [[b"y" * 50_000], [b"z"]]
+    by_count = list(batches(small, max_count=300))
+    assert [len(batch) for batch in by_count] == [300, 300, 300, 100]
+    assert list(batches(small[:5])) == [small[:5]]
+    assert list(batches([])) == []
+
+
+def test_cache_entries_live_under_their_own_keys_and_respect_the_prefix(
+    backend_url: str, name: str
+) -> None:
+    with (
+        corral.connect(backend_url, prefix="app-a") as a,
+        corral.connect(backend_url, prefix="app-b") as b,
+    ):
+        key = f"ns:{name}"
+        data = cache_entry(key, "a")
+        a.backend.cache_store([(key, data, 60)])
+        (found,) = raw(backend_url, request("mg", f"app-a:cache:{key}", "v"))
+        assert found.value == data
+        assert b.backend.cache_fetch([key], "g") == ([None], 0)
+        generation = a.backend.cache_clear(f"gen-{name}")
+        (counter,) = raw(backend_url, request("mg", f"app-a:gen:gen-{name}", "v"))
+        assert counter.value == b"%d" % generation
+        assert b.backend.cache_fetch([], f"gen-{name}") == ([], 0)
+        # A lock of the same name as the entry's key is another key.
+        assert a.lock(key, ttl=10).acquire()
+        assert a.backend.cache_fetch([key], "g")[0] == [data]
+
+
+def test_odd_and_long_keys_work_on_the_server(store: corral.Store, name: str) -> None:
+    keys = [f"ns:{name} {odd}" for odd in [*AWKWARD_NAMES, "z" * 10_000]]
+    keys.append(keys[-1][:-1] + "!")  # differs only past the readable part
+    items = [(key, cache_entry(key, i), 60.0) for i, key in enumerate(keys)]
+    store.backend.cache_store(items)
+    found, _ = store.backend.cache_fetch(keys, f"gen {name}\x00\udcff")
+    assert found == [data for _, data, _ in items]
+    for key in keys:
+        assert store.backend.cache_invalidate(key, 30)
+        assert store.backend.cache_delete(key)
+    assert store.backend.cache_fetch(keys, "g")[0] == [None] * len(keys)
+    assert store.backend.cache_clear(f"gen {name}\x00\udcff") >= 1
+
+
+def test_the_server_keeps_an_entry_ceil_keep_plus_2_seconds(
+    store: corral.Store, backend_url: str, name: str
+) -> None:
+    def kept(keep: float) -> int:
+        key = f"ns:{name}:{keep}"
+        store.backend.cache_store([(key, cache_entry(key, 1), keep)])
+        (found,) = raw(backend_url, request("mg", cache_key("corral", key), "t"))
+        return found.number("t")
+
+    assert kept(1.2) in (3, 4)  # T4: 1.2 rounded up, and the 2 s margin for the tick
+    assert kept(0.01) in (2, 3)
+    # Sent as a Unix time: the server subtracts its own clock, which ticks once a second
+    # and falls a few seconds behind on a loaded machine, so the remainder can read high.
+    assert kept(40 * 86400) in range(40 * 86400, 40 * 86400 + 15)
+    assert kept(float("inf")) == -1  # never expires (still evictable)
+    key = f"ns:{name}:invalidated"
+    store.backend.cache_store([(key, cache_entry(key, 1), 600)])
+    assert store.backend.cache_invalidate(key, 1.2)
+    (found,) = raw(backend_url, request("mg", cache_key("corral", key), "t"))
+    assert found.number("t") in (3, 4)
+
+
+def test_cache_round_trips(store: corral.Store, name: str, round_trips: list[int]) -> None:
+    backend = store.backend
+    store.lock_info(name)  # opens the pooled connection: its greeting is not counted below
+    keys = [f"ns:{name}:{i}" for i in range(50)]
+
+    def cost(action: Callable[[], object]) -> int:
+        round_trips.clear()
+        action()
+        return len(round_trips)
+
+    items = [(key, cache_entry(key, i), 60.0) for i, key in enumerate(keys)]
+    assert cost(lambda: backend.cache_store(items)) == 1
+    assert cost(lambda: backend.cache_store([*items, (f"ns:{name}:gone", b"", 0)])) == 1
+    assert cost(lambda: backend.cache_fetch([*keys, f"ns:{name}:missing"], f"g-{name}")) == 1
+    assert cost(lambda: backend.cache_fetch([], f"g-{name}")) == 1
+    assert cost(lambda: backend.cache_clear(f"g-{name}")) == 1
+    assert cost(lambda: backend.cache_delete(keys[0])) == 1
+    assert cost(lambda: backend.cache_invalidate(keys[1], 30)) == 2
+    assert cost(lambda: backend.cache_invalidate(keys[2], 0)) == 1
+    # A read whose entry is fresh (written under generation 0, never cleared) claims nothing:
+    # one round trip.
+    never_cleared = f"other-{name}"
+    assert cost(lambda: backend.cache_read(keys[3], never_cleared, cache_claim(name))) == 1
+    # A due read (here: missing) then tries the lock: the attempt on a free lock costs two.
+    assert cost(lambda: backend.cache_read(keys[0], never_cleared, cache_claim(name))) == 3
+    # ... and one on a held lock.
+    other = cache_claim(name, "someone-else")
+    assert cost(lambda: backend.cache_read(keys[0], never_cleared, other)) == 2
+
+
+def test_very_many_keys_are_read_in_writes_the_sockets_can_hold(
+    store: corral.Store, name: str, round_trips: list[int]
+) -> None:
+    keys = [f"ns:{name}:{i:05d}:" + "k" * 200 for i in range(1500)]
+    items = [(key, cache_entry(key, "v" * 3000), 60.0) for key in keys]
+    store.backend.cache_store(items)
+    round_trips.clear()
+    found, generation = store.backend.cache_fetch(keys, f"gen-{name}")
+    assert found == [data for _, data, _ in items] and generation == 0
+    # About 260 bytes a read: a dozen writes of at most BATCH_BYTES, not one of 390 KB.
+    assert sum(round_trips) == len(keys) + 1 and len(round_trips) >= 12
+
+
+def test_large_values_round_trip_and_one_over_the_limit_is_refused_clearly(
+    store: corral.Store, name: str
+) -> None:
+    backend = store.backend
+    key = f"ns:{name}"
+    near = cache_entry(key, "x") + os.urandom(1_000_000)
+    backend.cache_store([(key, near, 60)])
+    assert backend.cache_fetch([key], "g")[0] == [near]
+    client = locks_of(store).client
+    assert client.item_size_max == 1024 * 1024  # memcached's default -I, read on connecting
+    over = near + os.urandom(1_100_000)
+    began = time.monotonic()
+    with pytest.raises(BackendError, match=r"item size limit of 1048576 bytes.*-I") as caught:
+        backend.cache_store([(key + "-small", b"small", 60), (key + "-big", over, 60)])
+    assert f"{key}-big" in str(caught.value) and str(len(over)) in str(caught.value)
+    assert backend.cache_fetch([key + "-small"], "g")[0] == [None]  # refused before sending
+    # Just under the limit by the value's length, over it with the item's own overhead: the
+    # server refuses it (and reads past it), and says so.
+    barely = b"b" * (1024 * 1024 - 10)
+    with pytest.raises(BackendError, match=r"item size limit.*too large.*-I"):
+        backend.cache_store([(key + "-a", b"a", 60), (key + "-barely", barely, 60)])
+    assert time.monotonic() - began < 5
+    assert backend.cache_fetch([key + "-a", key], "g")[0] == [b"a", near]  # still usable
+
+
+def test_invalidate_rewrites_only_fresh_until_by_compare_and_swap(
+    store: corral.Store, other_store: corral.Store, name: str, interfere: Any
+) -> None:
+    key = f"ns:{name}"
+    first = cache_entry(key, "first", fresh_for=300)
+    second = cache_entry(key, "second", fresh_for=300)
+    store.backend.cache_store([(key, first, 600)])
+
+    def store_meanwhile() -> None:  # another client stores a new value between read and write
+        other_store.backend.cache_store([(key, second, 600)])
+
+    fired = interfere(b"ms " + cache_key("corral", key).encode() + b" ", store_meanwhile)
+    assert store.backend.cache_invalidate(key, 60)
+    assert fired
+    ((found,), _) = store.backend.cache_fetch([key], "g")
+    assert found is not None and found[HEADER_SIZE:] == second[HEADER_SIZE:]  # not the old one
+    header = decode_header(found)
+    assert header is not None and header.fresh_until == 0.0
+    assert found[19:] == second[19:]
+
+
+def test_invalidate_deletes_bytes_corral_did_not_write(store: corral.Store, name: str) -> None:
+    key = f"ns:{name}"
+    store.backend.cache_store([(key, b"c1 but too short", 600)])
+    assert store.backend.cache_invalidate(key, 60)
+    assert store.backend.cache_fetch([key], "g")[0] == [None]
+
+
+def test_a_first_clear_starts_at_the_time_and_a_lost_counter_restarts_above(
+    store: corral.Store, backend_url: str, name: str
+) -> None:
+    gen_key = f"gen-{name}"
+    before = time.time_ns() // 1000
+    first = store.backend.cache_clear(gen_key)
+    assert before <= first <= time.time_ns() // 1000
+    assert store.backend.cache_clear(gen_key) == first + 1
+    # Evicted (or flushed) while entries written under it survive: the next clear must not
+    # hand out a generation those entries carry.
+    key = f"ns:{name}"
+    store.backend.cache_store([(key, cache_entry(key, 1, generation=first + 1), 600)])
+    assert raw(backend_url, request("md", generation_key("corral", gen_key)))[0].code == b"HD"
+    assert store.backend.cache_fetch([], gen_key)[1] == 0
+    assert store.backend.cache_clear(gen_key) > first + 1
+
+
+def test_raise_generation_never_lowers_and_never_undoes_a_clear(
+    store: corral.Store, other_store: corral.Store, backend_url: str, name: str, interfere: Any
+) -> None:
+    backend = store.backend
+    gen_key = f"gen-{name}"
+    where = generation_key("corral", gen_key)
+    assert backend.cache_raise_generation(gen_key, 0) == 0  # nothing to raise: not created
+    assert raw(backend_url, request("mg", where))[0].code == b"EN"
+    assert backend.cache_raise_generation(gen_key, 5) == 5  # no counter yet: created
+    assert backend.cache_fetch([], gen_key)[1] == 5
+    assert backend.cache_raise_generation(gen_key, 3) == 5  # never lowered
+    assert backend.cache_clear(gen_key) == 6  # still a counter `ma` increments
+    (found,) = raw(backend_url, request("mg", where, "t"))
+    assert found.number("t") == -1  # kept with no expiry, as a clear's counter is
+
+    def two_clears() -> None:  # between the read and the compare-and-swap
+        other_store.backend.cache_clear(gen_key)
+        other_store.backend.cache_clear(gen_key)
+
+    fired = interfere(b"ms " + where.encode(), two_clears)
+    assert backend.cache_raise_generation(gen_key, 7) == 8  # read again: 8 is above 7
+    assert fired and backend.cache_fetch([], gen_key)[1] == 8
+    assert backend.cache_raise_generation(gen_key, 10**15) == 10**15
+    assert backend.cache_clear(gen_key) == 10**15 + 1
+
+
+def test_a_foreign_generation_counter_is_reported(
+    store: corral.Store, backend_url: str, name: str
+) -> None:
+    gen_key = f"gen-{name}"
+    where = generation_key("corral", gen_key)
+    raw(backend_url, request("ms", where, "T60", data=b"not a number"))
+    with pytest.raises(BackendError, match=r"did not write.*prefix"):
+        store.backend.cache_fetch([f"ns:{name}"], gen_key)
+    with pytest.raises(BackendError, match=r"did not write.*prefix"):
+        store.backend.cache_clear(gen_key)
+
+
+def test_cache_entries_and_generations_on_restart(
+    backend_name: str, start_memcached: Callable[..., CustomMemcached], name: str
+) -> None:
+    server = start_memcached()
+    with corral.connect(server.url, timeout=2) as store:
+        key = f"ns:{name}"
+        store.backend.cache_store([(key, cache_entry(key, 1), 600)])
+        generation = store.backend.cache_clear("g")
+        server.restart()
+        # The pooled connection died with the server: it is replaced, not reported.
+        assert store.backend.cache_fetch([key], "g") == ([None], 0)
+        assert store.backend.cache_clear("g") > generation
+
+
+def test_cache_calls_on_an_unreachable_or_silent_server_fail_within_the_timeout(
+    backend_name: str, name: str
+) -> None:
+    port = servers.free_port()  # nobody listens
+    with corral.connect(f"memcached://alice:s3cret@127.0.0.1:{port}", timeout=1) as store:
+        calls: list[Callable[[], object]] = [
+            lambda: store.backend.cache_fetch([f"ns:{name}"], "g"),
+            lambda: store.backend.cache_store([(f"ns:{name}", b"x", 60)]),
+            lambda: store.backend.cache_delete(f"ns:{name}"),
+            lambda: store.backend.cache_invalidate(f"ns:{name}", 60),
+            lambda: store.backend.cache_clear("g"),
+            lambda: store.backend.cache_read(f"ns:{name}", "g", cache_claim(name)),
+        ]
+        for call in calls:
+            began = time.monotonic()
+            with pytest.raises(BackendUnavailable, match=f"127.0.0.1:{port}") as caught:
+                call()
+            assert "s3cret" not in str(caught.value)
+            assert time.monotonic() - began < 2
+    listener = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
+    port = listener.getsockname()[1]
+    try:
+        with corral.connect(f"memcached://127.0.0.1:{port}", timeout=1) as store:
+            began = time.monotonic()
+            with pytest.raises(BackendUnavailable, match="did not answer within 1 s"):
+                store.backend.cache_fetch([f"ns:{name}"], "g")
+            assert time.monotonic() - began < 2
+    finally:
+        listener.close()

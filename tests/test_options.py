@@ -29,7 +29,7 @@ def with_query(url: str, query: str) -> str:
     return f"{url}{'&' if '?' in url else '?'}{query}"
 
 
-NETWORKED = ("sqlite", "redis", "memcached", "etcd", "etcd-cluster", "postgres")
+NETWORKED = ("sqlite", "redis", "memcached", "etcd", "etcd-cluster", "postgres", "redlock")
 
 
 @pytest.mark.backend(*NETWORKED)

@@ -1,8 +1,9 @@
 """What only the PostgreSQL backend promises: its schema, its pool, its wake-ups, its faults.
 
-The contract suite already runs every lock behaviour on PostgreSQL; these
-tests look at the server itself (tables, keys, sessions, transactions, roles,
-TLS) and at the faults only a database has (a restart keeps the locks, a
+The contract suite already runs every lock behaviour (and every cache
+primitive) on PostgreSQL; these tests look at the server itself (tables, keys,
+sessions, transactions, roles, TLS, the claim rule in SQL, what one round trip
+holds) and at the faults only a database has (a restart keeps the locks, a
 killed LISTEN session, a whole server frozen, a statement that stalls after
 drawing its token, Ctrl-C while a statement is in flight).
 """
@@ -10,12 +11,16 @@ drawing its token, Ctrl-C while a statement is in flight).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import os
+import queue
+import random
 import re
 import secrets
 import signal
+import socket
 import threading
 import time
 import traceback
@@ -32,18 +37,34 @@ from psycopg.conninfo import conninfo_to_dict
 import corral
 import corral.aio
 from corral._sync import lock as sync_lock
+from corral._sync.backends.base import Backend
 from corral._sync.backends.postgres import PostgresBackend
 from corral._sync.store import Store
 from corral.backends.postgres_sql import (
+    CACHE_READABLE_BYTES,
+    MAX_KEY_BYTES,
     READABLE_CHARS,
     SWEEP_EVERY,
     Statements,
+    cache_key,
+    cache_key_range,
+    entry_is_due,
+    entry_is_ours,
     lock_key,
     migration_sql,
     parse_url,
 )
 from corral.core import lockflow
-from corral.core.primitives import Attempt, Outcome
+from corral.core.envelope import (
+    FRESH_AT,
+    RETRY_AT,
+    claim_due,
+    decode_header,
+    encode,
+    header_bytes,
+    make_codec,
+)
+from corral.core.primitives import Attempt, Claim, Outcome
 from corral.errors import BackendError, BackendUnavailable, ConfigError
 from corral.testing import servers
 from tests.conftest import start_server
@@ -820,7 +841,10 @@ def freeze(server: Any, sig: signal.Signals) -> None:
             if int(stat.rsplit(")", 1)[1].split()[1]) == server.pid:
                 pids.append(int(entry))
     for pid in pids:
-        os.kill(pid, sig)
+        # A backend may end between the listing and the signal (the session of a
+        # connection the watchdog cut ends once the server runs again).
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
 
 
 def test_a_restart_keeps_locks_their_expiry_and_tokens(own_server: Any, name: str) -> None:
@@ -1449,3 +1473,569 @@ def test_semaphore_tables_join_the_locks_tables_of_an_older_version(
             assert slot.acquire()
             slot.release()
         user.rollback()
+
+
+# -- cache entries ------------------------------------------------------------------------
+
+
+def entry_rows(url: str, store: Any) -> list[tuple[bytes, bytes, bool]]:
+    """Every (key, data, live) row of the store's cache entries, expired ones too."""
+    rows = query(
+        url,
+        f"SELECT key, data, expires_at > clock_timestamp() FROM {store.backend._sql.entries}"
+        " ORDER BY key",
+    )
+    return [(bytes(key), bytes(data), live) for key, data, live in rows]
+
+
+def cached(key: str, value: object = 1, *, fresh_for: float = 30.0, generation: int = 0) -> bytes:
+    return encode(
+        value,
+        make_codec("json", None),
+        key,
+        fresh_until=time.time() + fresh_for,
+        delta=0.01,
+        generation=generation,
+    )
+
+
+def test_cache_keys_are_their_utf8_hashed_only_past_the_limit() -> None:
+    for plain in ("ns:report", "nul\x00byte", "lone \ud800", "é€😀", "x" * MAX_KEY_BYTES):
+        assert cache_key(plain) == plain.encode("utf-8", "surrogatepass")
+    long_keys = ["x" * (MAX_KEY_BYTES + 1), "é" * 513, "y" * 10_000, "y" * 9_999 + "z"]
+    stored = [cache_key(key) for key in long_keys]
+    assert len(set(stored)) == len(long_keys)
+    for key, form in zip(long_keys, stored, strict=True):
+        raw = key.encode("utf-8", "surrogatepass")
+        assert form == raw[:CACHE_READABLE_BYTES] + b"\xff" + hashlib.sha256(raw).digest()
+        assert len(form) <= MAX_KEY_BYTES and cache_key(key) == form
+    # UTF-8 never has 0xFF: no key stored as itself is ever a hashed one.
+    assert all(b"\xff" not in cache_key(chr(c)) for c in range(0x110000) if c % 97 == 0)
+    # A prefix is one range of stored keys, long keys included, up to what they keep.
+    assert cache_key_range("") == (b"", None)
+    assert cache_key_range("ns:") == (b"ns:", b"ns;")
+    assert cache_key_range("é") == ("é".encode(), b"\xc3\xaa")
+    assert cache_key_range("y" * CACHE_READABLE_BYTES) is not None
+    assert cache_key_range("y" * (CACHE_READABLE_BYTES + 1)) is None
+    for form in stored[2:]:
+        low, high = cache_key_range("y" * 500) or (b"", None)
+        assert high is not None and low <= form < high
+
+
+def claim_rule_cases() -> list[tuple[bytes | None, int, float]]:
+    """Headers corral writes, at and around the boundaries, and bytes that only look like
+    them; the fields' forms float() reads besides (inf, nan, underscores, exponents of
+    four digits) are left out: the SQL takes those for "not corral's", hence due."""
+    now = 1_763_860_725.123456
+    cases: list[tuple[bytes | None, int, float]] = [(None, 0, now)]
+    for fresh in (0.0, now - 1, now, now + 1e-6, now - 1e-6, 9_999_999_999.999999):
+        for retry in (0.0, now, now + 5):
+            for generation in (0, 1, 10**16 - 1):
+                header = header_bytes(
+                    fresh_until=fresh,
+                    retry_until=retry,
+                    delta=0.5,
+                    generation=generation,
+                    codec="j",
+                )
+                for due_before in (now, fresh, fresh + 1e-7, fresh - 1e-7, retry, 0.0, 1e300):
+                    cases.append((header + b"[1]", generation, due_before))
+                    cases.append((header, 1, due_before))
+    good = header_bytes(fresh_until=now, retry_until=0.0, delta=0.5, generation=3, codec="m")
+    odd_fields = [
+        b" " * 14 + b"1.5",
+        b"+" + b"0" * 16,
+        b"1e5".rjust(17),
+        b"-1e999".rjust(17),
+        b"1e-999".rjust(17),
+        b"1e0009".rjust(17),
+        b".5".ljust(17),
+        b"1.".ljust(17),
+        b"\t1763860725.5\n  ",
+        b"- 1".rjust(17),
+        b"0x10".rjust(17),
+        b"1\\0".rjust(17),
+        b"\x00" * 17,
+        b"\xff" + b"1" * 16,
+        b"x" * 17,
+        b"",
+    ]
+    for odd in odd_fields:
+        for at in (FRESH_AT, RETRY_AT):
+            field = odd.rjust(at.stop - at.start)[: at.stop - at.start]
+            cases.append((good[: at.start] + field + good[at.stop :], 3, now))
+            cases.append((good[: at.start] + field + good[at.stop :], 3, 2e9))
+        delta = odd.strip().rjust(12)[:12]
+        cases.append((good[:36] + delta + good[48:], 3, 2e9))
+    for generation in (b" " * 15 + b"3", b"+000000000000003", b"x" * 16, b"-000000000000003"):
+        cases.append((good[:48] + generation + good[64:], 3, 2e9))
+    cases += [
+        (good[:65], 3, 2e9),  # one byte short
+        (b"c2" + good[2:], 3, 2e9),  # another format
+        (good[:64] + b"\x80" + good[65:], 3, 2e9),  # a codec letter that is not ASCII
+        (good[:65] + b"x", 3, 2e9),  # no newline
+        (b"written by something else", 0, 2e9),
+        (b"", 0, 2e9),
+    ]
+    return cases
+
+
+def test_the_sql_claim_rule_is_claim_due(backend_url: str) -> None:
+    """What a read with a claim decides on the server is what `claim_due` decides, and
+    what invalidate takes for corral's bytes is what `decode_header` reads."""
+    cases = claim_rule_cases()
+    statement = (
+        f"SELECT {entry_is_due('%(data)s::bytea', '%(generation)s::bigint', '%(due)s')},"
+        f" COALESCE({entry_is_ours('%(data)s::bytea')}, false)"
+    )
+    with psycopg.connect(backend_url, autocommit=True) as conn:
+        answers = [
+            conn.execute(statement, {"data": data, "generation": gen, "due": due}).fetchone()
+            for data, gen, due in cases
+        ]
+    wrong = [
+        (case, answer)
+        for case, answer in zip(cases, answers, strict=True)
+        if answer != (claim_due(*case), case[0] is not None and decode_header(case[0]) is not None)
+    ]
+    assert wrong == []
+    assert {answer[0] for answer in answers} == {True, False}
+
+
+def test_odd_and_long_cache_keys_and_their_counts(backend_url: str, name: str) -> None:
+    prefix = fresh()
+    keys = [
+        f"{name}:nul\x00byte",
+        f"{name}:lone \ud800",
+        f"{name}:" + "y" * 10_000,
+        f"{name}:" + "y" * 9_999 + "z",
+        f"{name}:" + "é" * 2_000,
+    ]
+    with corral.connect(backend_url, table_prefix=prefix) as store:
+        backend = store.backend
+        datas = [cached(key, i) for i, key in enumerate(keys)]
+        backend.cache_store(list(zip(keys, datas, [60.0] * len(keys), strict=True)))
+        found, generation = backend.cache_fetch(keys, f"{name}:" + "g" * 10_000)
+        assert found == datas
+        assert generation == 0
+        assert backend.cache_clear(f"{name}:" + "g" * 10_000) == 1
+        assert backend.cache_fetch([], f"{name}:" + "g" * 9_999 + "h")[1] == 0
+        # Stored keys stay short; long ones keep their head.
+        stored = [key for key, _, _ in entry_rows(backend_url, store)]
+        assert sorted(stored) == sorted(cache_key(key) for key in keys)
+        assert max(len(key) for key in stored) <= MAX_KEY_BYTES
+        # Counts by prefix, hashed keys included; past what those keep: unknown.
+        assert backend.cache_count(f"{name}:") == len(keys)
+        assert backend.cache_count("") == len(keys)
+        assert backend.cache_count(f"{name}:yyy") == 2
+        assert backend.cache_count(f"{name}:é") == 1
+        assert backend.cache_count(f"{name}:nul\x00") == 1
+        assert backend.cache_count(f"{name}:" + "y" * 10_001) is None
+        assert backend.cache_count("other:") == 0
+        assert backend.cache_delete(keys[2]) and not backend.cache_delete(keys[2])
+        assert backend.cache_fetch(keys[2:4], "g")[0][0] is None
+        assert backend.cache_count(f"{name}:yyy") == 1
+
+
+def test_cache_entries_expire_by_the_servers_clock_to_the_microsecond(
+    backend_url: str, name: str
+) -> None:
+    """PostgreSQL's timestamps count microseconds: `keep` is kept as given, not rounded."""
+    with corral.connect(backend_url, table_prefix=fresh()) as store:
+        backend = store.backend
+        backend.cache_store([(name, cached(name), 1.25)])
+        entries = backend._sql.entries
+        seconds_left = f"SELECT extract(epoch FROM expires_at - clock_timestamp()) FROM {entries}"
+        (left,) = query(backend_url, seconds_left)[0]
+        assert 1.0 < float(left) <= 1.25
+        assert backend.cache_invalidate(name, 0.5)
+        (left,) = query(backend_url, seconds_left)[0]
+        assert 0.3 < float(left) <= 0.5
+        time.sleep(0.6)
+        assert backend.cache_fetch([name], "g")[0] == [None]
+        # Far beyond any interval PostgreSQL has: kept (almost) forever, no error.
+        backend.cache_store([(name, cached(name), float("inf"))])
+        backend.cache_store([(name + "2", cached(name), 1e300)])
+        assert backend.cache_invalidate(name, float("inf"))
+        assert backend.cache_fetch([name, name + "2"], "g")[0] != [None, None]
+        assert backend.cache_count("") == 2
+
+
+def test_expired_cache_entries_are_swept_by_later_writes(backend_url: str, name: str) -> None:
+    with corral.connect(backend_url, table_prefix=fresh()) as store:
+        backend = store.backend
+        backend.cache_store([(f"gone-{i}", cached(f"gone-{i}"), 0.2) for i in range(20)])
+        backend.cache_store([("kept", cached("kept"), 60.0), ("dropped", cached("dropped"), 60.0)])
+        # keep <= 0 in a store: gone for readers at once, its row emptied and expired.
+        backend.cache_store([("dropped", cached("dropped"), 0.0), ("never-there", b"x", -1.0)])
+        assert backend.cache_fetch(["dropped", "never-there"], "g")[0] == [None, None]
+        assert [(key, data) for key, data, live in entry_rows(backend_url, store) if not live] == [
+            (b"dropped", b"")
+        ]
+        assert not backend.cache_delete("dropped")
+        assert len(entry_rows(backend_url, store)) == 21
+        time.sleep(0.4)
+        # Reads write nothing...
+        assert backend.cache_fetch(["gone-1", "kept"], "g")[0][0] is None
+        assert len(entry_rows(backend_url, store)) == 21
+        # ...writes sweep up to SWEEP_BATCH expired rows more than they write.
+        backend.cache_store([("new", cached("new"), 60.0)])
+        assert [key for key, _, _ in entry_rows(backend_url, store)] == [b"kept", b"new"]
+
+
+def test_concurrent_stores_of_shared_keys_never_deadlock(backend_url: str) -> None:
+    """Stores of overlapping keys in any order, with deletes, expiring entries and sweeps
+    among them: each locks its rows in key order and sweeps only after, so none waits for
+    another in a cycle (PostgreSQL would end one with `deadlock detected`)."""
+    prefix = fresh()
+    keys = [f"k{i}" for i in range(12)]
+    errors: list[BaseException] = []
+    start = threading.Barrier(6)
+
+    def writer(seed: int) -> None:
+        rng = random.Random(seed)
+        with corral.connect(backend_url, table_prefix=prefix, timeout=10) as store:
+            backend = store.backend
+            try:
+                start.wait()
+                for _ in range(150):
+                    chosen = rng.sample(keys, rng.randint(1, len(keys)))
+                    keep = [rng.choice([60.0, 0.01, 0.0]) for _ in chosen]
+                    backend.cache_store(
+                        [(k, cached(k), kp) for k, kp in zip(chosen, keep, strict=True)]
+                    )
+                    if rng.random() < 0.3:
+                        backend.cache_invalidate(rng.choice(keys), rng.choice([5.0, 0.0]))
+                    if rng.random() < 0.2:
+                        backend.cache_delete(rng.choice(keys))
+            except BaseException as exc:
+                errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(seed,)) for seed in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert errors == []
+
+
+def test_invalidate_deletes_bytes_that_are_not_corrals(backend_url: str, name: str) -> None:
+    with corral.connect(backend_url) as store:
+        backend = store.backend
+        mine, foreign = f"{name}:mine", f"{name}:foreign"
+        backend.cache_store([(mine, cached(mine), 60.0), (foreign, b"c1 not a header", 60.0)])
+        assert backend.cache_invalidate(mine, 30.0) and backend.cache_invalidate(foreign, 30.0)
+        found, _ = backend.cache_fetch([mine, foreign], "g")
+        assert found[0] is not None and found[0][2:19] == b"0000000000.000000"
+        assert found[1] is None
+
+
+# -- a read with a claim ------------------------------------------------------------------
+
+
+class DelayingProxy:
+    """A TCP proxy to `target` that delivers what clients send `delay` seconds late (in
+    order), and the answers at once: every round trip costs `delay`."""
+
+    def __init__(self, target: tuple[str, int], delay: float) -> None:
+        self.target = target
+        self.delay = delay
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            self.sockets += [client, server]
+            late: queue.Queue[tuple[float, bytes]] = queue.Queue()
+            for job, args in (
+                (self._hold, (client, late)),
+                (self._deliver, (late, server)),
+                (self._forward, (server, client)),
+            ):
+                threading.Thread(target=job, args=args, daemon=True).start()
+
+    @staticmethod
+    def _chunks(source: socket.socket) -> Iterator[bytes]:
+        while True:
+            try:
+                data = source.recv(1 << 16)
+            except OSError:
+                return
+            if not data:
+                return
+            yield data
+
+    def _hold(self, source: socket.socket, late: queue.Queue[tuple[float, bytes]]) -> None:
+        for data in self._chunks(source):
+            late.put((time.monotonic() + self.delay, data))
+        late.put((0.0, b""))  # the end
+
+    @staticmethod
+    def _deliver(late: queue.Queue[tuple[float, bytes]], to: socket.socket) -> None:
+        while True:
+            at, data = late.get()
+            time.sleep(max(0.0, at - time.monotonic()))
+            try:
+                if not data:
+                    to.shutdown(socket.SHUT_WR)
+                    return
+                to.sendall(data)
+            except OSError:
+                return
+
+    def _forward(self, source: socket.socket, to: socket.socket) -> None:
+        for data in self._chunks(source):
+            with contextlib.suppress(OSError):
+                to.sendall(data)
+        with contextlib.suppress(OSError):
+            to.shutdown(socket.SHUT_WR)
+
+    def url(self, url: str) -> str:
+        host_port = f"{self.target[0]}:{self.target[1]}"
+        assert host_port in url
+        return url.replace(host_port, f"127.0.0.1:{self.port}")
+
+    def close(self) -> None:
+        self.listener.close()
+        for sock in self.sockets:
+            sock.close()
+
+
+def test_a_read_with_a_claim_is_one_round_trip(backend_url: str, name: str) -> None:
+    """Each round trip through the proxy costs `delay`: a read that claims (and one that
+    finds a fresh entry) costs one, where reading, then trying the lock, costs two."""
+    delay = 0.4
+    params = conninfo_to_dict(backend_url)
+    proxy = DelayingProxy((str(params["host"]), int(str(params["port"]))), delay)
+    try:
+        with corral.connect(proxy.url(backend_url), timeout=20) as store:
+            backend = store.backend
+            backend.cache_store([(f"{name}:fresh", cached(f"{name}:fresh"), 60.0)])  # warm up
+
+            def timed(call: Any) -> tuple[Any, float]:
+                began = time.monotonic()
+                result = call()
+                return result, time.monotonic() - began
+
+            claim = Claim(f"recompute-{name}", "me", 10.0, time.time())
+            read, one = timed(lambda: backend.cache_read(f"{name}:missing", "g", claim))
+            assert read.attempt is not None and read.attempt.acquired
+            assert delay <= one < 1.5 * delay
+            fresh_read, one = timed(lambda: backend.cache_read(f"{name}:fresh", "g", claim))
+            assert fresh_read.entry is not None and fresh_read.attempt is None
+            assert delay <= one < 1.5 * delay
+            # The same, as a backend that cannot claim in its read: read, then try the lock.
+            other = Claim(f"recompute-{name}-2", "me", 10.0, time.time())
+            two_step, two = timed(
+                lambda: Backend.cache_read(backend, f"{name}:missing-2", "g", other)
+            )
+            assert two_step.attempt is not None and two_step.attempt.acquired
+            assert two >= 2 * delay
+    finally:
+        proxy.close()
+
+
+def test_a_fresh_entry_is_read_without_waiting_for_the_claims_turn(
+    backend_url: str, name: str
+) -> None:
+    """A claim takes its lock's turn only when the entry is due: readers of a fresh entry
+    never queue on it, and a due one waits for it as any attempt on the lock does."""
+    with corral.connect(backend_url, timeout=1) as store:
+        backend = store.backend
+        key = f"{name}:fresh"
+        backend.cache_store([(key, cached(key), 60.0)])
+        lock_name = f"recompute-{name}"
+        gate = backend._sql.gate_key(lock_key(lock_name))
+        with psycopg.connect(backend_url, autocommit=True) as other:
+            other.execute("SELECT pg_advisory_lock(%s)", [gate])  # the lock's turn, held
+            try:
+                began = time.monotonic()
+                read = backend.cache_read(key, "g", Claim(lock_name, "me", 10.0, time.time()))
+                assert read.entry is not None and read.attempt is None
+                assert time.monotonic() - began < 0.5
+                with pytest.raises(BackendUnavailable) as caught:
+                    backend.cache_read(
+                        f"{name}:missing", "g", Claim(lock_name, "me", 10.0, time.time())
+                    )
+                message = str(caught.value)
+                assert "did not answer" in message and f"{name}:missing" in message
+                assert lock_name in message and store.server in message
+            finally:
+                other.execute("SELECT pg_advisory_unlock(%s)", [gate])
+        # Nothing stayed held: the failed claim's transaction ended with it.
+        assert store.lock_info(lock_name) is None
+        read = backend.cache_read(f"{name}:missing", "g", Claim(lock_name, "me", 10.0, time.time()))
+        assert read.attempt is not None and read.attempt.acquired
+
+
+@pytest.mark.parametrize("pipelines", [True, False], ids=["pipelined", "begin-commit"])
+def test_a_claim_is_the_locks_own_attempt(backend_url: str, name: str, pipelines: bool) -> None:
+    """Same token sequence, same queue: a fair waiter queued ahead keeps the lock from a
+    claim, as from any attempt; and an entry stored meanwhile is what the claim reads."""
+    with store_for(backend_url, pipelines) as store:
+        backend = store.backend
+        lock_name, key = f"recompute-{name}", f"{name}:k"
+
+        def claim(owner: str) -> Claim:
+            return Claim(lock_name, owner, 10.0, time.time())
+
+        held = backend.try_acquire(lock_name, "holder", 30)
+        assert held.acquired and held.token is not None
+        refused = backend.cache_read(key, "g", claim("reader"))
+        assert refused.attempt is not None and not refused.attempt.acquired
+        assert refused.attempt.holder_ttl is not None and 25 < refused.attempt.holder_ttl <= 30
+        assert not backend.try_acquire(lock_name, "fair", 30, queue_ttl=10).acquired
+        assert backend.release(lock_name, "holder") is Outcome.OK
+        queued = backend.cache_read(key, "g", claim("reader"))
+        assert queued.attempt == Attempt(False)  # free, but "fair" is ahead
+        granted = backend.try_acquire(lock_name, "fair", 30, queue_ttl=10)
+        assert granted.acquired and granted.token is not None and granted.token > held.token
+        backend.release(lock_name, "fair")
+        won = backend.cache_read(key, "g", claim("reader"))
+        assert won.attempt is not None and won.attempt.acquired
+        assert won.attempt.token is not None and won.attempt.token > granted.token
+        info = store.lock_info(lock_name)
+        assert info is not None and (info.owner, info.token) == ("reader", won.attempt.token)
+        # The claim's lock is released like any lock, waking whoever waits for it.
+        backend.cache_store([(key, cached(key), 60.0)])
+        assert backend.release(lock_name, "reader") is Outcome.OK
+        fresh_read = backend.cache_read(key, "g", claim("late"))
+        assert fresh_read.entry is not None and fresh_read.attempt is None
+
+
+def test_migration_sql_lets_a_role_without_ddl_rights_use_caches(
+    backend_url: str, name: str
+) -> None:
+    role = f"limited_{uuid.uuid4().hex[:8]}"
+    prefix = fresh()
+    query(backend_url, f'CREATE ROLE "{role}" LOGIN')
+    query(backend_url, migration_sql(table_prefix=prefix, grant_to=role))
+    as_role = backend_url.replace("://corral@", f"://{role}@")
+    with corral.connect(as_role, table_prefix=prefix) as store:
+        backend = store.backend
+        backend.cache_store([(name, cached(name), 60.0)])
+        assert backend.cache_clear("g") == 1
+        read = backend.cache_read(name, "g", Claim(f"lock-{name}", "me", 10.0, time.time()))
+        assert read.entry is not None and read.generation == 1 and read.attempt is not None
+        assert read.attempt.acquired
+        assert backend.cache_invalidate(name, 10.0) and backend.cache_delete(name)
+        assert backend.cache_count("") == 0
+
+
+def test_cache_tables_join_the_tables_of_an_older_version(backend_url: str, name: str) -> None:
+    """Tables made before caches existed, in use (a transaction writes to them): a store
+    adds the cache tables without locking the others."""
+    prefix = fresh()
+    query(backend_url, migration_sql(table_prefix=prefix))
+    statements = Statements("public", prefix)
+    query(backend_url, f"DROP TABLE {statements.entries}, {statements.generations}")
+    with psycopg.connect(backend_url) as user:  # one open transaction, as a busy store's
+        user.execute(
+            f"INSERT INTO {statements.locks} (name, owner, token, expires_at)"
+            " VALUES ('busy', 'someone', 1, clock_timestamp() + interval '60 seconds')"
+        )
+        with corral.connect(backend_url, table_prefix=prefix, timeout=2) as store:
+            store.backend.cache_store([(name, cached(name), 60.0)])
+            assert store.backend.cache_fetch([name], "g")[0] != [None]
+        user.rollback()
+
+
+def test_cache_errors_name_the_key_and_server_and_never_the_password(
+    name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    password = f"Pw{secrets.token_hex(6)}"
+    claim = Claim(f"lock-{name}", "me", 10.0, time.time())
+    with corral.connect(f"postgresql://app:{password}@127.0.0.1:1/db", timeout=1) as store:
+        backend = store.backend
+        calls = {
+            "read": lambda: backend.cache_fetch([name, "b"], "g"),
+            "claim": lambda: backend.cache_read(name, "g", claim),
+            "store": lambda: backend.cache_store([(name, b"x", 5.0)]),
+            "delete": lambda: backend.cache_delete(name),
+            "invalidate": lambda: backend.cache_invalidate(name, 5.0),
+            "clear": lambda: backend.cache_clear(name),
+            "count": lambda: backend.cache_count(name),
+        }
+        for what, call in calls.items():
+            began = time.monotonic()
+            with pytest.raises(BackendUnavailable) as caught:
+                call()
+            assert time.monotonic() - began < 5, what
+            shown = everything_shown(caught.value)
+            assert name in str(caught.value) and "127.0.0.1:1" in str(caught.value), what
+            assert password not in shown, what
+    assert password not in caplog.text
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_frozen_server_fails_cache_calls_within_the_timeout(
+    own_server: Any, name: str, flavour: str
+) -> None:
+    timeout = 1.0
+    claim = Claim(f"lock-{name}", "me", 10.0, time.time())
+
+    def check(error: BaseException | None, elapsed: float) -> None:
+        assert isinstance(error, BackendUnavailable), error
+        assert "did not answer" in str(error) and name in str(error)
+        assert elapsed < timeout + 1.5
+
+    if flavour == "sync":
+        with corral.connect(own_server.url, timeout=timeout) as store:
+            backend = store.backend
+            backend.cache_store([(name, cached(name), 60.0)])
+            for call in (
+                lambda: backend.cache_read(f"{name}-missing", "g", claim),
+                lambda: backend.cache_store([(name, cached(name), 60.0)]),
+            ):
+                freeze(own_server, signal.SIGSTOP)
+                began = time.monotonic()
+                try:
+                    with pytest.raises(BackendUnavailable) as caught:
+                        call()
+                    elapsed = time.monotonic() - began
+                finally:
+                    freeze(own_server, signal.SIGCONT)
+                check(caught.value, elapsed)
+            assert backend.cache_fetch([name], "g")[0] != [None]
+        return
+
+    async def scenario() -> None:
+        async with corral.aio.connect(own_server.url, timeout=timeout) as store:
+            backend = store.backend
+            await backend.cache_store([(name, cached(name), 60.0)])
+            freeze(own_server, signal.SIGSTOP)
+            began = time.monotonic()
+            try:
+                with pytest.raises(BackendUnavailable) as caught:
+                    await backend.cache_read(f"{name}-missing", "g", claim)
+                elapsed = time.monotonic() - began
+            finally:
+                freeze(own_server, signal.SIGCONT)
+            check(caught.value, elapsed)
+            assert (await backend.cache_fetch([name], "g"))[0] != [None]
+
+    asyncio.run(scenario())
+
+
+def test_a_restart_keeps_cache_entries_and_generations(own_server: Any, name: str) -> None:
+    with corral.connect(own_server.url, timeout=2) as store:
+        backend = store.backend
+        data = cached(name)
+        backend.cache_store([(name, data, 60.0), (f"{name}-short", data, 0.5)])
+        generation = backend.cache_clear(f"gen-{name}")
+        own_server.restart()
+        time.sleep(0.5)
+        # Rows, kept with their expiry, which ran on the server's clock meanwhile.
+        assert backend.cache_fetch([name, f"{name}-short"], f"gen-{name}") == (
+            [data, None],
+            generation,
+        )
+        assert backend.cache_clear(f"gen-{name}") == generation + 1

@@ -9,10 +9,11 @@ itself (its list, or the feed), not by its own timer.
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -24,6 +25,8 @@ from corral._sync import lock as sync_lock
 from corral._sync.backends import redis as sync_redis
 from corral.backends import redis_scripts
 from corral.core import lockflow
+from corral.core.envelope import claim_due, encode, make_codec
+from corral.core.primitives import CacheRead, Claim
 
 pytestmark = pytest.mark.backend("redis")
 
@@ -483,3 +486,380 @@ def test_semaphore_keys_share_the_lock_hash_tag_and_never_its_keys() -> None:
         assert all(key.startswith(tag + ":sem:") for key in sem_keys)
         assert not set(sem_keys) & {*lock[:-1], lock.wake("owner")}
         assert len(set(sem_keys)) == len(sem_keys)
+
+
+# -- cache entries ------------------------------------------------------------------
+
+CODEC = make_codec("json", None)
+
+
+def cache_entry(key: str, value: object, *, fresh_for: float = 30.0, generation: int = 0) -> bytes:
+    return encode(
+        value, CODEC, key, fresh_until=time.time() + fresh_for, delta=0.01, generation=generation
+    )
+
+
+def recompute_claim(name: str, owner: str = "me") -> Claim:
+    return Claim(lock=f"recompute-{name}", owner=owner, ttl=30.0, due_before=time.time())
+
+
+@pytest.fixture
+def store(backend_url: str) -> Iterator[corral.Store]:
+    with corral.connect(backend_url) as opened:
+        yield opened
+
+
+@pytest.fixture
+def client(backend_url: str) -> Iterator[Any]:
+    raw: Any = redis.Redis.from_url(backend_url)
+    yield raw
+    raw.close()
+
+
+def count_writes(backend: Any, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many times the backend writes to a socket: one write, then its answers, is
+    one round trip (a command and its reads alternate on a connection)."""
+    writes = [0]
+    wrapped: set[int] = set()
+    borrow = backend._borrow
+
+    def counting_borrow() -> Any:
+        connection = borrow()
+        if id(connection) not in wrapped:
+            wrapped.add(id(connection))
+            send = connection.send_packed_command
+
+            def counting_send(*args: Any, **kwargs: Any) -> Any:
+                writes[0] += 1
+                return send(*args, **kwargs)
+
+            monkeypatch.setattr(connection, "send_packed_command", counting_send)
+        return connection
+
+    monkeypatch.setattr(backend, "_borrow", counting_borrow)
+    return writes
+
+
+def monitored(url: str, action: Callable[[], object]) -> list[dict[str, Any]]:
+    """The commands the server ran while `action` ran, as MONITOR reports them (the
+    commands a script runs come with client_type "lua")."""
+    watcher: Any = redis.Redis.from_url(url, decode_responses=True)
+    ender: Any = redis.Redis.from_url(url)
+    ender.ping()  # connected now: the marker below is all it sends while watched
+    marker = f"end-{uuid.uuid4().hex}"
+    seen: list[dict[str, Any]] = []
+    started = threading.Event()
+
+    def listen() -> None:
+        with watcher.monitor() as monitor:
+            started.set()
+            while True:
+                command = monitor.next_command()
+                if command["command"] == f"ECHO {marker}":
+                    return
+                seen.append(command)
+
+    thread = threading.Thread(target=listen)
+    thread.start()
+    try:
+        assert started.wait(10)
+        action()
+    finally:
+        ender.echo(marker)
+        thread.join(10)
+        watcher.close()
+        ender.close()
+    return seen
+
+
+def test_a_read_that_claims_is_one_script_call_in_one_round_trip(
+    backend_url: str, store: corral.Store, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend: Any = store.backend
+    key = f"ns:{name}"
+    backend.cache_read(f"{key}-warm", "g", recompute_claim(f"{name}-warm"))  # connect, load
+    writes = count_writes(backend, monkeypatch)
+    reads: list[CacheRead] = []
+    commands = monitored(
+        backend_url, lambda: reads.append(backend.cache_read(key, "g", recompute_claim(name)))
+    )
+    (read,) = reads
+    assert read.entry is None and read.attempt is not None and read.attempt.acquired
+    assert writes == [1]
+    sent = [c["command"].split(" ")[0] for c in commands if c["client_type"] != "lua"]
+    assert sent == ["EVALSHA"]
+    in_script = [c["command"].split(" ")[0] for c in commands if c["client_type"] == "lua"]
+    assert in_script[0] == "MGET" and "SET" in in_script  # read, then the lock taken
+    lock_key = redis_scripts.lock_keys("corral", f"recompute-{name}").lock
+    assert any(c["command"].startswith(f"SET {lock_key} ") for c in commands)
+
+
+def test_fetch_store_and_clear_cost_one_round_trip_each(
+    backend_url: str, store: corral.Store, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend: Any = store.backend
+    keys = [f"ns:{name}:{i}" for i in range(20)]
+    backend.cache_fetch(keys[:1], "g")  # connect
+    writes = count_writes(backend, monkeypatch)
+    backend.cache_store([(key, cache_entry(key, i), 60.0) for i, key in enumerate(keys)])
+    assert writes == [1]
+    found, generation = backend.cache_fetch(keys, f"gen-{name}")
+    assert writes == [2] and all(found) and generation == 0
+    commands = monitored(backend_url, lambda: backend.cache_fetch(keys, f"gen-{name}"))
+    (mget,) = [c["command"] for c in commands]
+    assert mget.startswith("MGET ")
+    assert mget.endswith(redis_scripts.cache_gen_key("corral", f"gen-{name}"))
+    assert backend.cache_clear(f"gen-{name}") == 1
+    assert writes == [4]
+
+
+@pytest.mark.parametrize(
+    ("keep", "px"), [(60.0, 60000), (2.0001, 2001), (0.0000001, 1), (1e-3, 1), (0.5, 500)]
+)
+def test_an_entry_carries_a_px_expiry_in_whole_ms_rounded_up(
+    backend_url: str, store: corral.Store, name: str, keep: float, px: int
+) -> None:
+    key = f"ns:{name}"
+    store.backend.cache_fetch([key], "g")  # connect
+    commands = monitored(
+        backend_url, lambda: store.backend.cache_store([(key, cache_entry(key, 1), keep)])
+    )
+    (command,) = [c["command"] for c in commands]
+    assert command.startswith(f"SET {redis_scripts.cache_key('corral', key)} ")
+    assert command.endswith(f" PX {px}")
+
+
+def test_keep_0_deletes_and_invalidate_resets_the_server_expiry(
+    store: corral.Store, client: Any, name: str
+) -> None:
+    backend = store.backend
+    key = f"ns:{name}"
+    raw_key = redis_scripts.cache_key("corral", key)
+    backend.cache_store([(key, cache_entry(key, 1), 600.0)])
+    assert 590_000 < client.pttl(raw_key) <= 600_000
+    assert backend.cache_invalidate(key, 1.5)
+    assert 1_000 < client.pttl(raw_key) <= 1_500
+    backend.cache_store([(key, cache_entry(key, 2), 0.0)])
+    assert client.exists(raw_key) == 0
+
+
+def test_invalidate_deletes_what_is_not_an_entry(
+    store: corral.Store, client: Any, name: str
+) -> None:
+    backend = store.backend
+    foreign = f"ns:{name}-foreign"
+    # The magic, but no header behind it: not rewritten in place, deleted.
+    backend.cache_store([(foreign, b"c1" + b"x" * 80, 60.0)])
+    listed = f"ns:{name}-list"
+    client.rpush(redis_scripts.cache_key("corral", listed), "something else's")
+    assert backend.cache_invalidate(foreign, 30.0) is True
+    assert backend.cache_invalidate(listed, 30.0) is True
+    assert (
+        client.exists(
+            redis_scripts.cache_key("corral", foreign), redis_scripts.cache_key("corral", listed)
+        )
+        == 0
+    )
+
+
+def test_a_key_of_another_type_reads_as_missing(
+    store: corral.Store, client: Any, name: str
+) -> None:
+    key = f"ns:{name}"
+    client.hset(redis_scripts.cache_key("corral", key), "field", "value")
+    assert store.backend.cache_fetch([key], "g") == ([None], 0)
+    read = store.backend.cache_read(key, "g", recompute_claim(name))
+    assert read.entry is None and read.attempt is not None and read.attempt.acquired
+
+
+@pytest.mark.parametrize("odd", [*NAMES, "x" * 10_000], ids=lambda odd: repr(odd)[:12])
+def test_cache_keys_are_escaped_like_lock_names_and_meet_no_lock_key(
+    store: corral.Store, client: Any, name: str, odd: str
+) -> None:
+    key = f"{name}:{odd}"
+    store.backend.cache_store([(key, cache_entry(key, 1), 60.0)])
+    raw_key = redis_scripts.cache_key("corral", key)
+    assert client.get(raw_key) is not None
+    lock_keys = redis_scripts.lock_keys("corral", key)
+    assert "{" not in raw_key.removeprefix("corral:") and "}" not in raw_key
+    lock = store.lock(key, ttl=30)
+    assert lock.acquire()
+    try:
+        assert client.exists(lock_keys.lock) == 1
+        assert store.backend.cache_fetch([key], key)[0][0] is not None
+        assert store.backend.cache_clear(key) == 1
+        assert store.lock_info(key) is not None
+        assert client.get(redis_scripts.cache_gen_key("corral", key)) == b"1"
+    finally:
+        lock.release()
+        store.backend.cache_delete(key)
+        client.delete(redis_scripts.cache_gen_key("corral", key))
+
+
+def test_cache_keys_and_generation_keys_live_under_the_store_prefix(
+    backend_url: str, client: Any, name: str
+) -> None:
+    prefix = f"app-{name}"
+    with corral.connect(f"{backend_url}?prefix={prefix}") as store:
+        store.backend.cache_store([("k", cache_entry("k", 1), 60.0)])
+        store.backend.cache_clear("k")
+        found = sorted(client.scan_iter(match=f"{prefix}:*"))
+        assert found == [f"{prefix}:cache:k".encode(), f"{prefix}:cachegen:k".encode()]
+        assert client.ttl(f"{prefix}:cachegen:k") == -1  # a generation is never forgotten
+        store.backend.cache_delete("k")
+        client.delete(f"{prefix}:cachegen:k")
+
+
+def test_count_quotes_glob_characters_in_the_key_prefix(store: corral.Store, name: str) -> None:
+    backend = store.backend
+    keys = [f"{name}:{tail}" for tail in ["a*", "a*b", "ab", "a?", "[a]", "a\\", "a\\b", "%"]]
+    backend.cache_store([(key, cache_entry(key, 1), 60.0) for key in keys])
+    assert backend.cache_count(f"{name}:") == len(keys)
+    assert backend.cache_count(f"{name}:a*") == 2
+    assert backend.cache_count(f"{name}:a?") == 1
+    assert backend.cache_count(f"{name}:[a]") == 1
+    assert backend.cache_count(f"{name}:a\\") == 2
+    assert backend.cache_count(f"{name}:%") == 1
+    assert backend.cache_count(f"{name}:nothing") == 0
+
+
+def test_a_read_after_the_server_lost_its_scripts_sends_the_text(
+    store: corral.Store, client: Any, name: str
+) -> None:
+    key = f"ns:{name}"
+    store.backend.cache_read(key, "g")
+    client.script_flush()
+    read = store.backend.cache_read(key, "g", recompute_claim(name))
+    assert read.attempt is not None and read.attempt.acquired
+    store.backend.cache_store([(key, cache_entry(key, 1), 60.0)])
+    client.script_flush()
+    assert store.backend.cache_invalidate(key, 30.0)
+
+
+def test_the_release_of_a_claimed_lock_wakes_its_waiter(
+    stores: tuple[corral.Store, corral.Store], name: str, only_pushed_wake_ups: None
+) -> None:
+    reader, other = stores
+    read = reader.backend.cache_read(f"ns:{name}", "g", recompute_claim(name, "reader"))
+    assert read.attempt is not None and read.attempt.acquired
+    waiter = other.lock(f"recompute-{name}", ttl=30)
+    thread, got = wait_in_thread(waiter, 60)
+    time.sleep(0.3)
+    assert not got
+    started = time.monotonic()
+    reader.backend.release(f"recompute-{name}", "reader")
+    thread.join(30)
+    assert got == [True] and time.monotonic() - started < 5
+    waiter.release()
+
+
+def header_cases() -> list[tuple[str, bytes, int, float]]:
+    """(what, stored bytes, current generation, due_before), around every edge of the rule."""
+    at = 1_700_000_000.5
+
+    def made(fresh: float, retry: float = 0.0, generation: int = 0) -> bytes:
+        return encode(
+            "v",
+            CODEC,
+            "k",
+            fresh_until=fresh,
+            delta=0.25,
+            generation=generation,
+            retry_until=retry,
+        )
+
+    good = made(at)
+    return [
+        ("fresh until exactly due_before", good, 0, at),
+        ("fresh until a microsecond after due_before", good, 0, at - 0.000001),
+        ("fresh until long after due_before", good, 0, at - 100),
+        ("held back by a remembered error", made(at - 100, retry=at + 1), 0, at),
+        ("error remembered until exactly due_before", made(0.0, retry=at), 0, at),
+        ("written under the current generation", made(at + 5, generation=7), 7, at),
+        ("written under another generation", made(at + 5, generation=6), 7, at),
+        ("a huge generation", made(at + 5, generation=10**15 + 3), 10**15 + 3, at),
+        ("an empty value", b"", 0, at),
+        ("no magic", b"c2" + good[2:], 0, at),
+        ("a short header", good[:65], 0, at),
+        ("no newline after the header", good[:65] + b" " + good[66:], 0, at),
+        ("a codec letter that is no ASCII", good[:64] + b"\xe9" + good[65:], 0, at),
+        ("a field that is not a number", good[:2] + b"x" * 17 + good[19:], 0, at),
+        ("a header and no payload", good[:66], 0, at - 1),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("what", "data", "generation", "due_before"), header_cases(), ids=lambda v: str(v)[:40]
+)
+def test_the_server_decides_due_as_claim_due_does(
+    store: corral.Store,
+    client: Any,
+    name: str,
+    what: str,
+    data: bytes,
+    generation: int,
+    due_before: float,
+) -> None:
+    key, gen_key = f"ns:{name}", f"gen-{name}"
+    store.backend.cache_store([(key, data, 60.0)])
+    if generation:
+        client.set(redis_scripts.cache_gen_key("corral", gen_key), generation)
+    claim = Claim(f"recompute-{name}", "me", 30.0, due_before)
+    read = store.backend.cache_read(key, gen_key, claim)
+    assert read.entry == data and read.generation == generation
+    assert (read.attempt is not None) == claim_due(data, generation, due_before), what
+    client.delete(redis_scripts.cache_gen_key("corral", gen_key))
+
+
+def unreachable_url(listener: socket.socket | None) -> str:
+    """A URL with a password, on a port where nothing answers (or nothing listens)."""
+    if listener is not None:
+        port = listener.getsockname()[1]
+    else:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+    return f"redis://:hunter2@127.0.0.1:{port}/0?timeout=0.5"
+
+
+@pytest.mark.parametrize("server", ["closed", "silent"])
+def test_cache_calls_on_a_dead_server_raise_backend_unavailable_in_time(server: str) -> None:
+    listener = None
+    if server == "silent":  # accepts connections, never answers
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+    url = unreachable_url(listener)
+    calls: list[Callable[[Any], object]] = [
+        lambda b: b.cache_fetch(["k"], "g"),
+        lambda b: b.cache_read("k", "g", recompute_claim("k")),
+        lambda b: b.cache_store([("k", b"data", 60.0)]),
+        lambda b: b.cache_delete("k"),
+        lambda b: b.cache_invalidate("k", 30.0),
+        lambda b: b.cache_clear("g"),
+        lambda b: b.cache_count("k"),
+    ]
+    try:
+        with corral.connect(url) as store:
+            for call in calls:
+                started = time.monotonic()
+                with pytest.raises(corral.BackendUnavailable) as caught:
+                    call(store.backend)
+                assert time.monotonic() - started < 0.5 * 2 + 1
+                message = str(caught.value)
+                assert "127.0.0.1" in message and "hunter2" not in message
+    finally:
+        if listener is not None:
+            listener.close()
+
+
+def test_cache_key_mapping_is_injective_and_apart_from_lock_keys() -> None:
+    samples = [*NAMES, "%7B", "%25", "%uD800", "a:b", "a", "a:", ""]
+    mapped = [redis_scripts.cache_key("app", key) for key in samples]
+    assert len(set(mapped)) == len(samples)
+    generations = [redis_scripts.cache_gen_key("app", key) for key in samples]
+    assert not set(mapped) & set(generations)
+    for key in samples:
+        lock = redis_scripts.lock_keys("app", key)
+        sem = redis_scripts.semaphore_keys("app", key)
+        assert redis_scripts.cache_key("app", key) not in {*lock, *sem}

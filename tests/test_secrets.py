@@ -47,6 +47,10 @@ MALFORMED = [
     f"postgresql://app:{SECRET}@127.0.0.1:notaport/db",
     f"postgresql://app:{SECRET}@{CLOSED}/db?bogus=1",
     f"postgresql://app@{CLOSED}/db?password={SECRET}&sslmode=nonsense",
+    f"redis+redlock://app:{SECRET}@{CLOSED},127.0.0.1:notaport,127.0.0.2:9/0",
+    f"redis+redlock://app:{SECRET}@{CLOSED},127.0.0.2:9/0",
+    f"redis+redlock://app:{SECRET}@{CLOSED},{CLOSED},127.0.0.2:9/0",
+    "redis+redlock://app:s3cr/etPW@127.0.0.1:9,127.0.0.2:9,127.0.0.3:9/0",
 ]
 
 UNREACHABLE = [
@@ -56,6 +60,8 @@ UNREACHABLE = [
     f"etcd://app:{SECRET}@{CLOSED}",
     f"postgresql://app:{SECRET}@{CLOSED}/db",
     f"postgresql://app@{CLOSED}/db?password={SECRET}",
+    f"redis+redlock://app:{SECRET}@{CLOSED},127.0.0.2:9,127.0.0.3:9/0",
+    f"redis+redlock://{CLOSED},127.0.0.2:9,127.0.0.3:9/0?password={SECRET}",
 ]
 
 

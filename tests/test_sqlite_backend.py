@@ -6,7 +6,10 @@ wake-up datagrams (another process's release wakes a waiter; a dead or stuck
 process never blocks a release; a dropped datagram still wakes everyone; fork)
 and at what `corral status` leaves behind (nothing). Semaphores get the same
 look: their own wake-ups (never confused with a lock of the same name), their
-rows collected, processes contending on one file never above the limit. Each test uses its own
+rows collected, processes contending on one file never above the limit. Cache entries: reads
+that never take the write lock, a claim tried in the one write transaction that reads the
+entry again, keys apart from lock names, expiry to the fraction of a second, dead entries
+(and an earlier boot's) collected by later writes. Each test uses its own
 file, so counting rows means something. Releases that must come from another
 process run in a child Python, and every wait has a generous deadline: a
 waiter that is never woken fails the test after it, instead of passing slowly.
@@ -38,11 +41,13 @@ from corral._sync.backends.sqlite import REGISTRATION_TTL, SQLiteBackend
 from corral.backends.sqlite_sql import MachineClock, stored_name
 from corral.backends.sqlite_wake import Doorbell, Ringer, wake_up_payload
 from corral.core import lockflow
-from corral.core.primitives import Outcome
+from corral.core.envelope import encode, make_codec, mark_stale
+from corral.core.primitives import Claim, Outcome
 
 pytestmark = pytest.mark.backend("sqlite")
 
 DEADLINE = 30.0
+JSON = make_codec("json", None)
 
 # The same primitive calls, made by another process: JSON on stdin (so any str,
 # NUL and lone surrogates included, survives the trip), one line of JSON back.
@@ -1059,3 +1064,333 @@ def test_inspecting_semaphores_creates_nothing(tmp_path: Path) -> None:
     with corral.connect(f"sqlite:///{path}") as store:
         assert store.semaphore_info("report") is None
     assert query(path, "SELECT name FROM sqlite_master") == [("other",)]
+
+
+# -- cache entries ----------------------------------------------------------------------------
+
+CACHE_TABLES = ("corral_cache", "corral_cache_gens")
+
+
+def cache_entry(key: str, value: object = 1, *, fresh_for: float = 30.0) -> bytes:
+    return encode(value, JSON, key, fresh_until=time.time() + fresh_for, delta=0.01, generation=0)
+
+
+def due_claim(name: str, owner: str = "reader") -> Claim:
+    return Claim(lock=f"recompute-{name}", owner=owner, ttl=30.0, due_before=time.time())
+
+
+@contextlib.contextmanager
+def statements(backend: Any) -> Iterator[list[str]]:
+    """Every statement the backend's connection runs meanwhile (PRAGMAs left out)."""
+    backend.cache_delete("open-the-connection")  # a write: creates the file, leaves nothing
+    conn = backend._db._connection._conn
+    assert conn is not None
+    seen: list[str] = []
+    conn.set_trace_callback(seen.append)
+    try:
+        yield seen
+    finally:
+        conn.set_trace_callback(None)
+        seen[:] = [s for s in seen if not s.startswith("PRAGMA")]
+
+
+@contextlib.contextmanager
+def write_lock_held(path: Path) -> Iterator[None]:
+    """Another connection holds the file's write lock (BEGIN IMMEDIATE) meanwhile."""
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        finally:
+            conn.execute("ROLLBACK")
+
+
+def test_reads_never_take_the_write_lock(url: str, db_path: Path) -> None:
+    with corral.connect(f"{url}?timeout=0.5") as store:
+        backend = store.backend
+        key, name = f"ns:{fresh()}", fresh()
+        data = cache_entry(key)
+        backend.cache_store([(key, data, 60)])
+        with write_lock_held(db_path):
+            # Another process writes: every read goes on, none waits for it.
+            started = time.monotonic()
+            assert backend.cache_fetch([key, key + "-missing"], "g") == ([data, None], 0)
+            read = backend.cache_read(key, "g", due_claim(name, "x"))
+            assert read.entry == data and read.attempt is None  # fresh: nothing to claim
+            assert backend.cache_count("ns:") == 1
+            assert time.monotonic() - started < 0.25
+            # A write, or a read that must claim, gives up after the timeout, named.
+            for call in (
+                lambda: backend.cache_store([(key, data, 60)]),
+                lambda: backend.cache_read(key + "-missing", "g", due_claim(name)),
+            ):
+                started = time.monotonic()
+                with pytest.raises(corral.BackendUnavailable) as caught:
+                    call()
+                assert time.monotonic() - started < 0.5 + 1.0
+                assert str(db_path) in str(caught.value) and "cache key 'ns:" in str(caught.value)
+
+
+def test_only_a_due_read_opens_a_write_transaction(store: corral.Store) -> None:
+    backend = store.backend
+    key, name = f"ns:{fresh()}", fresh()
+    backend.cache_store([(key, cache_entry(key), 60)])
+    with statements(backend) as fresh_read:
+        assert backend.cache_read(key, "g", due_claim(name)).attempt is None
+    assert len(fresh_read) == 1 and fresh_read[0].startswith("SELECT")
+    with statements(backend) as due_read:
+        read = backend.cache_read(key + "-missing", "g", due_claim(name))
+    assert read.attempt is not None and read.attempt.acquired
+    # The claim is tried in the one write transaction that looked at the entry again.
+    begins = [i for i, s in enumerate(due_read) if s.startswith("BEGIN")]
+    assert [due_read[i] for i in begins] == ["BEGIN IMMEDIATE"]
+    assert due_read[-1] == "COMMIT" and due_read.count("COMMIT") == 1
+    assert "corral_cache" in due_read[begins[0] + 1]
+    assert any("INTO corral_locks" in statement for statement in due_read[begins[0] :])
+
+
+def test_an_entry_stored_between_the_read_and_the_claim_is_not_claimed(
+    store: corral.Store, db_path: Path
+) -> None:
+    """The claim's transaction reads the entry again: a recompute stored meanwhile by
+    another process makes it not due any more, and no lock is taken."""
+    backend = store.backend
+    key, name = f"ns:{fresh()}", fresh()
+    data = cache_entry(key)
+    other = SQLiteBackend(str(db_path))
+    stored: list[bool] = []
+
+    def store_just_before_the_write_lock(statement: str) -> None:
+        if statement == "BEGIN IMMEDIATE" and not stored:
+            other.cache_store([(key, data, 60)])
+            stored.append(True)
+
+    try:
+        with statements(backend):
+            conn = backend._db._connection._conn
+            assert conn is not None
+            conn.set_trace_callback(store_just_before_the_write_lock)
+            read = backend.cache_read(key, "g", due_claim(name))
+    finally:
+        other.close()
+    assert stored
+    assert read.entry == data and read.attempt is None
+    assert store.lock_info(f"recompute-{name}") is None
+
+
+@pytest.mark.parametrize("odd", ODD_NAMES, ids=lambda n: repr(n)[:16])
+def test_cache_keys_live_apart_from_locks_semaphores_and_generations(
+    store: corral.Store, db_path: Path, odd: str
+) -> None:
+    backend = store.backend
+    name = f"{fresh()}-{odd}"
+    data = cache_entry(name)
+    assert backend.try_acquire(name, "holder", 60).acquired
+    assert backend.sem_try_acquire(name, "holder", 60, 1).acquired
+    backend.cache_store([(name, data, 60)])
+    assert backend.cache_clear(name) == 1  # the generation of a namespace named alike
+    assert backend.cache_fetch([name], name) == ([data], 1)
+    assert backend.cache_delete(name)
+    assert backend.cache_fetch([name], name) == ([None], 1)
+    assert backend.inspect(name) is not None and backend.sem_inspect(name) is not None
+    key = stored_name(name)
+    backend.cache_store([(name, data, 60)])
+    # Stored as lock names are: TEXT when plain text, else the BLOB of its UTF-8 bytes.
+    kind = "text" if isinstance(key, str) else "blob"
+    assert query(db_path, "SELECT typeof(key) FROM corral_cache WHERE key = ?", (key,)) == [(kind,)]
+    assert query(db_path, "SELECT typeof(key) FROM corral_cache_gens WHERE key = ?", (key,)) == [
+        (kind,)
+    ]
+
+
+def test_a_table_prefix_keeps_caches_apart(url: str) -> None:
+    with (
+        corral.connect(url, table_prefix="a_") as first,
+        corral.connect(url, table_prefix="b_") as second,
+    ):
+        data = cache_entry("k")
+        first.backend.cache_store([("k", data, 60)])
+        assert first.backend.cache_clear("g") == 1
+        assert second.backend.cache_fetch(["k"], "g") == ([None], 0)
+        assert second.backend.cache_count("") == 0
+        assert first.backend.cache_fetch(["k"], "g") == ([data], 1)
+
+
+def test_keep_is_kept_to_the_fraction_by_the_machine_clock(
+    store: corral.Store, db_path: Path
+) -> None:
+    backend = store.backend
+    clock = MachineClock()
+    short, long = f"ns:{fresh()}", f"ns:{fresh()}"
+    before = clock.now()
+    backend.cache_store([(short, cache_entry(short), 0.4), (long, cache_entry(long), 2.5)])
+    after = clock.now()
+    rows = dict(query(db_path, "SELECT key, expires_at FROM corral_cache"))
+    # Nothing rounds to whole seconds: SQLite keeps the reading as a float.
+    assert before + 0.4 <= rows[short] <= after + 0.4
+    assert before + 2.5 <= rows[long] <= after + 2.5
+    time.sleep(0.6)
+    found, _ = backend.cache_fetch([short, long], "g")
+    assert found[0] is None and found[1] is not None
+    assert backend.cache_invalidate(long, 0.3)
+    (expires_at,) = query(db_path, "SELECT expires_at FROM corral_cache")[0]
+    assert expires_at <= clock.now() + 0.3
+    time.sleep(0.5)
+    assert backend.cache_fetch([long], "g") == ([None], 0)
+
+
+def test_expired_entries_are_collected_by_later_writes(store: corral.Store, db_path: Path) -> None:
+    backend = store.backend
+    live = [f"live-{i:02d}" for i in range(10)]
+    expiring = [f"{prefix}-{i:03d}" for i in range(50) for prefix in ("a", "\ud800")]
+    backend.cache_store([(key, cache_entry(key), 60) for key in live])
+    backend.cache_store([(key, cache_entry(key), 0.2) for key in expiring])
+    time.sleep(0.5)
+    # Reads see them gone at once, but leave the rows: they take no write lock.
+    assert backend.cache_fetch(expiring, "g")[0] == [None] * len(expiring)
+    assert backend.cache_count("") == len(live)
+    assert count_rows(db_path, "corral_cache") == 110
+    # Each write of one entry deletes up to 1 + COLLECT = 9 dead ones: 100 go in 12.
+    traffic = [f"traffic-{i:02d}" for i in range(12)]
+    for key in traffic:
+        backend.cache_store([(key, cache_entry(key), 60)])
+    left = {row[0] for row in query(db_path, "SELECT key FROM corral_cache")}
+    assert left == set(live) | set(traffic)
+
+
+def test_entries_of_an_earlier_boot_are_gone_and_collected(db_path: Path) -> None:
+    before = SQLiteBackend(str(db_path), machine_clock=OtherBoot())
+    keys = [f"old-{i:02d}" for i in range(20)]
+    before.cache_store([(key, cache_entry(key), 600) for key in keys])
+    assert before.cache_clear("g") == 1
+    before.close()
+    with corral.connect(f"sqlite:///{db_path}") as store:
+        backend = store.backend
+        # Kept "600 s" by a clock reading of an earlier boot: gone now. The generation
+        # is no reading: it stays.
+        assert backend.cache_fetch(keys, "g") == ([None] * 20, 1)
+        assert backend.cache_count("old-") == 0
+        new = [f"new-{i}" for i in range(3)]
+        backend.cache_store([(key, cache_entry(key), 60) for key in new])
+        backend.cache_store([(key, cache_entry(key), 60) for key in new])  # 2 x (3 + 8) >= 20
+        assert {row[0] for row in query(db_path, "SELECT key FROM corral_cache")} == set(new)
+
+
+def test_processes_with_and_without_the_boot_id_share_entries(
+    db_path: Path, known_and_blind: tuple[SQLiteBackend, SQLiteBackend]
+) -> None:
+    for writer, reader in (known_and_blind, known_and_blind[::-1]):
+        key, name = fresh(), fresh()
+        data = cache_entry(key)
+        writer.cache_store([(key, data, 60), (key + "-dies", data, 0.2)])
+        assert reader.cache_fetch([key], "g") == ([data], 0)
+        assert reader.cache_read(key, "g", due_claim(name)).attempt is None
+        time.sleep(0.4)
+        reader.cache_store([(fresh(), data, 60)])  # collects the expired one
+        keys = {row[0] for row in query(db_path, "SELECT key FROM corral_cache")}
+        assert key in keys and key + "-dies" not in keys
+
+
+PREFIXES = ["", "ns1:", "ns1", "ns1:a", "ns1:nul\x00", "ns1:lone \ud800", "é", "z" * 10_000]
+
+
+def test_count_counts_the_keys_that_start_with_the_prefix(store: corral.Store) -> None:
+    backend = store.backend
+    keys = [f"ns1:{odd}" for odd in ODD_NAMES] + [f"ns1:a{odd}" for odd in ODD_NAMES]
+    keys += ["ns1", "ns10:x", "ns2:x", "é", "éa", "é\x00", "e", "z" * 10_000 + "!"]
+    keys += [f"{prefix}-\udfff" for prefix in ("ns1:", "é")]
+    backend.cache_store([(key, cache_entry(key), 60) for key in keys])
+    backend.cache_store([("ns1:expired", cache_entry("ns1:expired"), 0.2)])
+    time.sleep(0.4)
+    for prefix in PREFIXES:
+        wanted = sum(1 for key in keys if key.startswith(prefix))
+        assert backend.cache_count(prefix) == wanted, prefix[:20]
+
+
+def test_invalidate_rewrites_only_the_header_and_deletes_what_is_not_an_entry(
+    store: corral.Store, db_path: Path
+) -> None:
+    backend = store.backend
+    key = fresh()
+    data = cache_entry(key) + bytes(range(256)) * 4 + b"\x00"
+    backend.cache_store([(key, data, 60), ("foreign", b"c1 but not an entry", 60)])
+    assert backend.cache_invalidate(key, 30)
+    assert query(db_path, "SELECT data, typeof(data) FROM corral_cache WHERE key = ?", (key,)) == [
+        (mark_stale(data), "blob")
+    ]
+    assert backend.cache_invalidate("foreign", 30)
+    assert backend.cache_fetch(["foreign"], "g") == ([None], 0)
+    assert count_rows(db_path, "corral_cache") == 1
+
+
+def test_a_fetch_of_many_keys_reads_one_snapshot_in_order(store: corral.Store) -> None:
+    backend = store.backend
+    keys = [f"k-{i:04d}" for i in range(1200)]  # three statements of 500 keys
+    backend.cache_store([(key, key.encode(), 60) for key in keys[::2]])
+    asked = [*reversed(keys), keys[0], keys[1]]
+    with statements(backend) as seen:
+        found, generation = backend.cache_fetch(asked, "g")
+    assert found == [key.encode() if int(key[2:]) % 2 == 0 else None for key in asked]
+    assert generation == 0
+    assert seen[0] == "BEGIN" and seen[-1] == "COMMIT" and len(seen) == 5  # no write lock
+
+
+def test_reading_entries_creates_nothing(tmp_path: Path) -> None:
+    missing = tmp_path / "not" / "there" / "locks.db"
+    with corral.connect(f"sqlite:///{missing}") as store:
+        assert store.backend.cache_fetch(["k"], "g") == ([None], 0)
+        assert store.backend.cache_count("") == 0
+        read = store.backend.cache_read("k", "g")
+        assert read.entry is None and read.attempt is None
+    assert not (tmp_path / "not").exists()
+
+
+def test_a_file_of_the_previous_layout_gains_the_cache_tables(db_path: Path) -> None:
+    url = f"sqlite:///{db_path}"
+    with corral.connect(url) as store:
+        lock = store.lock("report", ttl=60)
+        assert lock.acquire()
+    # The layout before caches: the same file without their tables.
+    with contextlib.closing(sqlite3.connect(db_path)) as conn:
+        for table in CACHE_TABLES:
+            conn.execute(f"DROP TABLE {table}")
+        conn.commit()
+    schema = query(db_path, "SELECT name FROM sqlite_master ORDER BY name")
+    with corral.connect(url) as store:
+        assert store.backend.cache_fetch(["k"], "g") == ([None], 0)
+        assert store.backend.cache_count("") == 0
+    assert query(db_path, "SELECT name FROM sqlite_master ORDER BY name") == schema
+    # The first write creates them; the lock is as it was.
+    with corral.connect(url) as store:
+        store.backend.cache_store([("k", b"v", 60)])
+        assert store.backend.cache_fetch(["k"], "g") == ([b"v"], 0)
+        info = store.lock_info("report")
+        assert info is not None and info.token == lock.token
+    names = {row[0] for row in query(db_path, "SELECT name FROM sqlite_master")}
+    assert set(CACHE_TABLES) <= names
+
+
+def test_a_file_that_cannot_be_created_is_named(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    path = tmp_path / "a-file" / "locks.db"
+    with corral.connect(f"sqlite:///{path}") as store:
+        assert store.backend.cache_fetch(["k"], "g") == ([None], 0)  # nothing to read
+        for call in (
+            lambda: store.backend.cache_store([("k", b"v", 60)]),
+            lambda: store.backend.cache_clear("g"),
+            lambda: store.backend.cache_invalidate("k", 10),
+        ):
+            with pytest.raises(corral.BackendUnavailable, match=str(tmp_path / "a-file")):
+                call()
+
+
+async def test_the_asyncio_backend_reads_and_claims_in_one_call(url: str) -> None:
+    async with corral.aio.connect(url) as store:
+        backend = store.backend
+        assert backend.claims_with_read
+        key, name = fresh(), fresh()
+        read = await backend.cache_read(key, "g", due_claim(name))
+        assert read.attempt is not None and read.attempt.acquired
+        again = await backend.cache_read(key, "g", due_claim(name, "other"))
+        assert again.attempt is not None and not again.attempt.acquired
+        assert again.attempt.holder_ttl is not None and 0 < again.attempt.holder_ttl <= 30

@@ -2,12 +2,14 @@
 
 import logging
 
+from corral._sync.cache import Cache, Refresher
 from corral._sync.election import Election
 from corral._sync.lock import Acquisition, Lock
 from corral._sync.semaphore import Semaphore
 from corral._sync.store import Store, connect
 from corral.core.capabilities import Capabilities
 from corral.core.primitives import LockInfo, SemaphoreInfo
+from corral.core.ring import Ring
 from corral.errors import (
     BackendError,
     BackendUnavailable,
@@ -31,6 +33,7 @@ __all__ = [
     "Acquisition",
     "BackendError",
     "BackendUnavailable",
+    "Cache",
     "Capabilities",
     "ConfigError",
     "CorralError",
@@ -41,6 +44,8 @@ __all__ = [
     "LockInfo",
     "LockLost",
     "LockTimeout",
+    "Refresher",
+    "Ring",
     "Semaphore",
     "SemaphoreInfo",
     "SerializationError",

@@ -11,11 +11,13 @@ from corral import (
     LockInfo,
     LockLost,
     LockTimeout,
+    Ring,
     SemaphoreInfo,
     SerializationError,
     SourceUnavailable,
     __version__,
 )
+from corral._async.cache import AsyncCache, AsyncRefresher
 from corral._async.election import AsyncElection
 from corral._async.lock import AsyncAcquisition, AsyncLock
 from corral._async.semaphore import AsyncSemaphore
@@ -23,8 +25,10 @@ from corral._async.store import AsyncStore, connect
 
 __all__ = [
     "AsyncAcquisition",
+    "AsyncCache",
     "AsyncElection",
     "AsyncLock",
+    "AsyncRefresher",
     "AsyncSemaphore",
     "AsyncStore",
     "BackendError",
@@ -37,6 +41,7 @@ __all__ = [
     "LockInfo",
     "LockLost",
     "LockTimeout",
+    "Ring",
     "SemaphoreInfo",
     "SerializationError",
     "SourceUnavailable",

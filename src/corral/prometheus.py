@@ -23,7 +23,7 @@ import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
-from corral.core.stats import LOCK_COUNTERS, LOCK_HISTOGRAMS
+from corral.core.stats import CACHE_COUNTERS, CACHE_HISTOGRAMS, LOCK_COUNTERS, LOCK_HISTOGRAMS
 
 try:
     from prometheus_client.core import (
@@ -103,7 +103,7 @@ class StoresCollector(Collector):
                 for name, value in metrics.items():
                     metric = f"{self._namespace}_cache_{name}"
                     labels_of[metric] = ["store", "namespace"]
-                    docs[metric] = f"cache {name}"
+                    docs[metric] = {**CACHE_COUNTERS, **CACHE_HISTOGRAMS}.get(name, name)
                     key = (metric, (server, namespace))
                     if isinstance(value, Mapping):
                         histograms[key] = _add_histograms(histograms.get(key), value)

@@ -310,6 +310,8 @@ async def test_fair_serves_in_arrival_order(
     holders = [store.semaphore(name, 2, ttl=30, fair=True) for _ in range(2)]
     for holder in holders:
         assert await holder.acquire()
+    # Connected before the waiters come, so that joining the queue takes one round trip.
+    assert await other_store.semaphore_info(name) is not None
     order: list[int] = []
 
     async def waiter(index: int) -> None:

@@ -296,6 +296,8 @@ def test_fair_serves_in_arrival_order(store: Store, other_store: Store, name: st
     holders = [store.semaphore(name, 2, ttl=30, fair=True) for _ in range(2)]
     for holder in holders:
         assert holder.acquire()
+    # Connected before the waiters come, so that joining the queue takes one round trip.
+    assert other_store.semaphore_info(name) is not None
     order: list[int] = []
 
     def waiter(index: int) -> None:

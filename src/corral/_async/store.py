@@ -8,20 +8,34 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlencode
 
+from corral._async._compat import Flights
 from corral._async.backends.base import AsyncBackend
+from corral._async.cache import AsyncCache, AsyncRefresher, CacheShared, check_replicas
 from corral._async.election import AsyncElection
 from corral._async.lock import AsyncAcquisition, AsyncLock
 from corral._async.semaphore import AsyncSemaphore
 from corral.backends.registry import default_url, redact, resolve
+from corral.core.cachepolicy import CacheOptions
 from corral.core.capabilities import Capabilities
-from corral.core.clock import Clock, SystemClock
+from corral.core.clock import Clock, SystemClock, WallClock
 from corral.core.election import lock_name
+from corral.core.envelope import make_codec
+from corral.core.forks import ProcessLock
+from corral.core.nearcache import NearCache
 from corral.core.primitives import LockInfo, SemaphoreInfo
 from corral.core.stats import StoreStats
 from corral.core.validate import check_limit, check_name, check_ttl, check_wait
 from corral.errors import ConfigError
 
-__all__ = ["AsyncAcquisition", "AsyncElection", "AsyncSemaphore", "AsyncStore", "connect"]
+__all__ = [
+    "AsyncAcquisition",
+    "AsyncCache",
+    "AsyncElection",
+    "AsyncRefresher",
+    "AsyncSemaphore",
+    "AsyncStore",
+    "connect",
+]
 
 
 class AsyncStore:
@@ -31,10 +45,21 @@ class AsyncStore:
     """
 
     def __init__(
-        self, backend: AsyncBackend, *, clock: Clock | None = None, url: str | None = None
+        self,
+        backend: AsyncBackend,
+        *,
+        clock: Clock | None = None,
+        url: str | None = None,
+        wall_clock: Clock | None = None,
     ) -> None:
         self.backend = backend
         self.clock: Clock = clock or SystemClock()
+        self.wall_clock: Clock = wall_clock or WallClock()
+        """Seconds since the epoch, for cache entries' freshness (a fake one in tests)."""
+        # Per cache namespace, shared by every handle on it: the near cache (so one
+        # handle's delete is seen by the others) and the in-process flights.
+        self._cache_state: dict[str, CacheShared] = {}
+        self._cache_state_mutex = ProcessLock()
         self.metrics = StoreStats()
         self.url = url or backend.server
         """How to reach this store again (for `corral status --url ...`), password hidden."""
@@ -169,6 +194,78 @@ class AsyncStore:
         campaigner is elected meanwhile.
         """
         return await self.backend.force_release(lock_name(check_name(name, "election name")))
+
+    def cache(
+        self,
+        namespace: str = "default",
+        ttl: float = 300.0,
+        *,
+        stale_ttl: float = 0.0,
+        jitter: float = 0.0,
+        jitter_by: str = "random",
+        lock_wait: float = 5.0,
+        on_timeout: str = "compute",
+        early_recompute: str | None = None,
+        beta: float = 1.0,
+        background: bool = False,
+        error_ttl: float = 0.0,
+        serializer: str = "json",
+        hmac_key: bytes | str | None = None,
+        local_ttl: float = 0.0,
+        local_max: int = 1024,
+        replicas: int | str = 1,
+        hot_keys: bool = False,
+    ) -> AsyncCache:
+        """A stampede-proof read-through cache in `namespace`; see docs/cache.md.
+
+        Every option is validated here (`ConfigError`). Nothing is sent to the
+        server until the cache is used.
+        """
+        if not isinstance(namespace, str):
+            raise TypeError(f"namespace must be str, not {type(namespace).__name__}")
+        if not namespace or ":" in namespace:
+            raise ConfigError(
+                f"namespace must be a non-empty str without ':', got {namespace!r} "
+                "(the colon separates the namespace from the key on the server)"
+            )
+        options = CacheOptions(
+            ttl=ttl,
+            stale_ttl=stale_ttl,
+            jitter=jitter,
+            jitter_by=jitter_by,
+            lock_wait=lock_wait,
+            on_timeout=on_timeout,
+            early_recompute=early_recompute,
+            beta=beta,
+            background=bool(background),
+            error_ttl=error_ttl,
+            local_ttl=local_ttl,
+        )
+        if isinstance(local_max, bool) or not isinstance(local_max, int) or local_max < 1:
+            raise ConfigError(f"local_max must be an integer >= 1, got {local_max!r}")
+        servers = check_replicas(replicas, self.backend)
+        if not self.capabilities.cache:
+            raise self.backend.no_cache_error()
+        codec = make_codec(serializer, hmac_key)
+        # JSON entries are always readable (they run no code); others only with their codec.
+        codecs = {"j": make_codec("json", None), codec.letter: codec}
+        with self._cache_state_mutex:
+            state = self._cache_state.get(namespace)
+            if state is None:
+                state = self._cache_state[namespace] = CacheShared(
+                    NearCache(local_max, self.clock.now), Flights()
+                )
+            state.near.max_entries = max(state.near.max_entries, local_max)
+        return AsyncCache(
+            self,
+            namespace,
+            options,
+            codec,
+            codecs,
+            shared=state,
+            replicas=servers,
+            hot_keys=bool(hot_keys),
+        )
 
     def stats(self) -> dict[str, Any]:
         """What this store's locks did so far: counters and wait/hold-time histograms.

@@ -293,6 +293,36 @@ class Lock:
             self._stats.add("timeouts")
         return granted
 
+    def adopt(self, owner: str, attempt: Attempt, *, sent_at: float) -> bool:
+        """Make an acquisition already made on the server (by a combined primitive, such as
+        a cache read that claims the recompute lock) this handle's, as `acquire()` would.
+
+        `owner` is the id the attempt was made with (from `new_owner()`), `sent_at`
+        the clock reading when it was sent. Returns False, taking the acquisition
+        back, when this handle is busy with another acquisition.
+        """
+        if not attempt.acquired:
+            return False
+        gate = self._gate_here()
+        if self._mine() is not None or not gate.acquire(0):
+            self._take_back(owner)
+            return False
+        try:
+            return self._took(
+                owner, current_task(), attempt, started=sent_at, sent_at=sent_at, contended=False
+            )
+        except BaseException:
+            gate.release()
+            raise
+
+    def new_owner(self) -> str:
+        """An owner id for an attempt made outside `acquire()` (see `adopt`)."""
+        return self._new_owner()
+
+    def take_back(self, owner: str) -> None:
+        """Release an acquisition made with `owner` that nobody adopted (best effort)."""
+        self._take_back(owner)
+
     def _reenter(self, held: _Held) -> bool:
         """The thread or task that holds the lock acquires it again."""
         if not self._alive(held):
@@ -473,7 +503,7 @@ class Lock:
             holder=me,
             # Timed from before the request that won was sent: it can only under-estimate
             # the server's expiry.
-            schedule=RenewalSchedule(self.ttl, sent_at),
+            schedule=RenewalSchedule(self.ttl, sent_at, valid_for=attempt.valid_for),
             granted_at=now,
         )
         if self.replicas and (attempt.replicas_acked or 0) < self.replicas:

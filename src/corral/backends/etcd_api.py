@@ -29,6 +29,11 @@ every other limit's slots as empty. No key outlives the slots: when the last one
 goes, so does the limit. Fair and starved waiters queue under `queue/<owner>`, as
 for locks.
 
+**Cache entries** live under `<prefix>/cache/`: the entry under `e/<key>`, its due
+stamp under `d/<key>`, a namespace's generation under `g/<gen_key>` (see
+`cache_keys`). Keys there are the UTF-8 of the `str`, uncut: nothing follows a key,
+so the mapping is one-to-one and a key prefix is a range.
+
 **Every write can be sent twice.** A member may apply a request and then lose
 its answer (a timeout, a dropped connection), and the call asks another member.
 So every write either is idempotent or lets the caller recognise its own
@@ -57,10 +62,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any, NamedTuple
 from urllib.parse import quote, unquote
 
 from corral.backends import registry
+from corral.core.envelope import decode_header
 from corral.core.options import Option, merge_options
 from corral.core.validate import check_timeout
 from corral.errors import ConfigError
@@ -69,7 +76,11 @@ __all__ = [
     "DEFAULT_PORT",
     "DEFAULT_PREFIX",
     "DEFAULT_TIMEOUT",
+    "TXN_BYTES",
+    "TXN_OPS",
     "URL_OPTIONS",
+    "CacheKeys",
+    "CacheReading",
     "Endpoints",
     "EtcdOptions",
     "Failure",
@@ -83,17 +94,32 @@ __all__ = [
     "Try",
     "acquire_txn",
     "b64",
+    "batches",
+    "cache_count_request",
+    "cache_delete_txn",
+    "cache_fetch_txn",
+    "cache_keys",
+    "cache_read_txn",
+    "cache_store_ops",
+    "cache_swap_txn",
     "classify",
     "decode_answer",
+    "deleted",
+    "due_bounds",
+    "due_stamp",
     "encode",
     "fair_first_txn",
     "fair_take_txn",
+    "generation_bump_txn",
+    "generation_key",
     "holder_value",
     "lease_seconds",
     "lock_keys",
     "maybe_applied",
     "move_txn",
     "new_lease_id",
+    "parse_cache_read",
+    "parse_generation",
     "parse_holder",
     "parse_slots",
     "parse_url",
@@ -918,6 +944,7 @@ class Trouble(enum.Enum):
     AUTH_DISABLED = "authentication is not enabled on the cluster"
     PERMISSION = "the user lacks a permission"
     NO_SPACE = "the database is over its space quota"
+    TOO_LARGE = "the request is larger than the cluster accepts (--max-request-bytes)"
     OTHER = "other"
 
 
@@ -957,6 +984,8 @@ def classify(code: int | None, message: str) -> Trouble:
         return Trouble.PERMISSION
     if "space exceeded" in text or (code == _RESOURCE_EXHAUSTED and "space" in text):
         return Trouble.NO_SPACE
+    if "request is too large" in text or "message larger than max" in text:
+        return Trouble.TOO_LARGE  # (the second from gRPC, past the limit and its overhead)
     return Trouble.OTHER
 
 
@@ -990,3 +1019,259 @@ def server_error(status: int, body: bytes) -> ServerError:
     if status == 404:
         message += " (is this an etcd >= 3.4 client URL? the /v3 gateway answers there)"
     return ServerError(Trouble.OTHER, message)
+
+
+# -- cache entries ----------------------------------------------------------------
+#
+# An entry is the key `<prefix>/cache/e/<key>`, its value the envelope's bytes as
+# given. Beside it, `<prefix>/cache/d/<key>` holds its due stamp (`due_stamp`): what
+# a transaction compares to decide, in the read's own round trip, whether the entry
+# is due for a recompute, since etcd compares whole values, never a part of one.
+# Both keys are written, rewritten and deleted together, in one transaction, on the
+# same lease, so they also expire together. A namespace's generation is the key
+# `<prefix>/cache/g/<gen_key>`, an ASCII decimal, absent until the first clear.
+# Keys are the UTF-8 of the `str` (lone surrogates kept), unescaped and uncut: each
+# kind has its own fixed prefix and nothing follows the key, so the mapping is
+# one-to-one, and a range over `<prefix>/cache/e/<key prefix>` counts the entries
+# under a key prefix exactly.
+
+# etcd refuses a transaction with more operations than this in one branch (its
+# --max-txn-ops, 128 by default) ...
+TXN_OPS = 128
+# ... or a request larger than --max-request-bytes (1.5 MiB by default): many keys
+# or values are sent in several transactions of about this much each.
+TXN_BYTES = 1 << 20
+# The ceiling of a time field of the envelope (%017.6f).
+_STAMP_TIME_MAX = 9_999_999_999.999999
+_GENERATIONS = 10**16  # a generation has 16 digits in the envelope and in a stamp
+
+
+class CacheKeys(NamedTuple):
+    """The two keys of one cache entry."""
+
+    entry: bytes
+    """The entry's bytes."""
+    due: bytes
+    """Its due stamp, when the bytes are an envelope (absent otherwise)."""
+
+
+def _cache_space(prefix: str) -> bytes:
+    return encode(f"{prefix}/cache/")
+
+
+def cache_keys(prefix: str, key: str) -> CacheKeys:
+    space = _cache_space(prefix)
+    return CacheKeys(space + b"e/" + encode(key), space + b"d/" + encode(key))
+
+
+def generation_key(prefix: str, gen_key: str) -> bytes:
+    return _cache_space(prefix) + b"g/" + encode(gen_key)
+
+
+def _time_text(when: float) -> bytes:
+    if not math.isfinite(when):
+        when = _STAMP_TIME_MAX if when > 0 else 0.0
+    return b"%017.6f" % min(max(when, 0.0), _STAMP_TIME_MAX)
+
+
+def due_stamp(data: bytes) -> bytes | None:
+    """`%016d%017.6f` of the entry's generation and max(fresh_until, retry_until), or None
+    when the bytes are not an envelope (such an entry is always due: no stamp).
+
+    Fixed width and zero-padded, so etcd's bytewise comparison of stamps is the
+    numeric comparison of (generation, time), which is what `claim_due` decides on.
+    """
+    header = decode_header(data)
+    if header is None or not 0 <= header.generation < _GENERATIONS:
+        return None
+    return b"%016d" % header.generation + _time_text(max(header.fresh_until, header.retry_until))
+
+
+def _micro_text(micros: int) -> bytes:
+    return b"%010d.%06d" % divmod(micros, 1_000_000)
+
+
+def due_bounds(generation: int, due_before: float) -> tuple[bytes, bytes]:
+    """(low, high): an entry is not due exactly when its stamp lies strictly between them.
+
+    That is: written under `generation`, and fresh or held back by a remembered
+    error after `due_before`, as `claim_due` compares: the stamp's time read as a
+    float, above `due_before`. Stamp times are whole microseconds, so `low`
+    holds the last microsecond whose float is at or before `due_before`.
+    """
+    if not 0 <= generation < _GENERATIONS:
+        return b"\xff", b"\x00"  # no stamp lies between: always due
+    prefix = b"%016d" % generation
+    if not due_before >= 0:  # negative or NaN: no time is at or before it
+        low = prefix + b"-"  # sorts below every digit
+    elif due_before >= _STAMP_TIME_MAX:
+        low = prefix + _time_text(_STAMP_TIME_MAX)
+    else:
+        # Floats round monotonically, so the microseconds whose float is at most
+        # `due_before` run up to one last one: at or just past the exact floor.
+        micros = math.floor(Decimal(due_before) * 1_000_000)
+        while float(_micro_text(micros + 1)) <= due_before:
+            micros += 1
+        low = prefix + _micro_text(micros)
+    return low, prefix + b"\xff"  # above every stamp of this generation, below the next
+
+
+def _compare_value(key: bytes, result: str, value: bytes) -> dict[str, Any]:
+    # On a missing key a VALUE comparison is false, whatever its result.
+    return {"key": b64(key), "target": "VALUE", "result": result, "value": b64(value)}
+
+
+def _delete(key: bytes) -> dict[str, Any]:
+    return {"request_delete_range": {"key": b64(key)}}
+
+
+def batches(sizes: Sequence[int], ops_each: int, reserved: int = 0) -> list[range]:
+    """Split items of these byte sizes into runs that fit one transaction each: at most
+    `TXN_OPS` operations (`ops_each` per item, and `reserved` more in the first run) and
+    about `TXN_BYTES` bytes. An item alone is never split; at least one run, maybe empty."""
+    runs: list[range] = []
+    start, ops, size = 0, reserved, 0
+    for index, item in enumerate(sizes):
+        if index > start and (ops + ops_each > TXN_OPS or size + item > TXN_BYTES):
+            runs.append(range(start, index))
+            start, ops, size = index, 0, 0
+        ops += ops_each
+        size += item
+    runs.append(range(start, len(sizes)))
+    return runs
+
+
+def cache_fetch_txn(entries: Sequence[bytes], generation: bytes | None) -> dict[str, Any]:
+    """Read the generation (when given, first) and every entry, at one revision."""
+    ops = [] if generation is None else [_range(generation)]
+    return {"compare": [], "success": ops + [_range(entry) for entry in entries]}
+
+
+def cache_read_txn(
+    keys: CacheKeys,
+    generation: bytes,
+    believed: int,
+    bounds: tuple[bytes, bytes],
+    attempt: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """Read an entry and its namespace's generation; if the generation key is still at mod
+    revision `believed` (so its generation is the one `bounds` were made for) and the
+    entry is due, run the lock's `attempt` transaction, in the same transaction.
+
+    Not due: the entry exists and its stamp lies between `bounds`. Missing, foreign
+    (no stamp), of another generation, or stale at `due_before`: due. When the
+    generation moved, only the reading is done (the caller learns the generation,
+    and asks again).
+    """
+    read = [_range(keys.entry), _range(generation)]
+    low, high = bounds
+    check = {
+        "compare": [
+            _compare(keys.entry, "CREATE", 0, "GREATER"),
+            _compare_value(keys.due, "GREATER", low),
+            _compare_value(keys.due, "LESS", high),
+        ],
+        "success": [],
+        "failure": [] if attempt is None else [{"request_txn": attempt}],
+    }
+    return {
+        "compare": [_compare(generation, "MOD", believed)],
+        "success": [*read, {"request_txn": check}],
+        "failure": read,
+    }
+
+
+def cache_store_ops(keys: CacheKeys, data: bytes | None, lease: int) -> list[dict[str, Any]]:
+    """Write an entry (and its stamp, or drop a stale stamp) on `lease`; `data=None` deletes it."""
+    if data is None:
+        return [_delete(keys.entry), _delete(keys.due)]
+    stamp = due_stamp(data)
+    return [
+        _put(keys.entry, data, lease),
+        _delete(keys.due) if stamp is None else _put(keys.due, stamp, lease),
+    ]
+
+
+def cache_delete_txn(keys: CacheKeys) -> dict[str, Any]:
+    return {"compare": [], "success": cache_store_ops(keys, None, 0)}
+
+
+def cache_swap_txn(
+    keys: CacheKeys, mod_revision: int, data: bytes | None, lease: int
+) -> dict[str, Any]:
+    """Replace the entry read at `mod_revision` with `data` (None: delete it) on `lease`, if
+    nobody wrote it since; else read it again."""
+    return {
+        "compare": [_compare(keys.entry, "MOD", mod_revision)],
+        "success": cache_store_ops(keys, data, lease),
+        "failure": [_range(keys.entry)],
+    }
+
+
+def generation_bump_txn(key: bytes, mod_revision: int, generation: int) -> dict[str, Any]:
+    """Set the generation read at `mod_revision` (0: absent) to `generation`, if nobody
+    changed it since; else read it again."""
+    return {
+        "compare": [_compare(key, "MOD", mod_revision)],
+        "success": [_put(key, b"%d" % generation, 0)],
+        "failure": [_range(key)],
+    }
+
+
+def cache_count_request(prefix: str, key_prefix: str) -> dict[str, Any]:
+    request = range_request(_cache_space(prefix) + b"e/" + encode(key_prefix), prefix=True)
+    return {**request, "count_only": True}
+
+
+def parse_generation(kv: Mapping[str, Any] | None) -> tuple[int, int]:
+    """(generation, mod revision) of a generation key, (0, 0) when absent; ValueError when
+    it holds something corral did not write."""
+    if kv is None:
+        return 0, 0
+    text = unb64(kv.get("value"))
+    if not text.isdigit() or len(text) > 20:
+        raise ValueError("not a corral cache generation (an ASCII decimal)")
+    return int(text), int(kv.get("mod_revision", 0))
+
+
+def deleted(answer: Mapping[str, Any], index: int = 0) -> int:
+    """How many keys the delete at `index` of a transaction removed."""
+    responses = answer.get("responses") or []
+    found = responses[index].get("response_delete_range") or {} if len(responses) > index else {}
+    return int(found.get("deleted", 0))
+
+
+@dataclass(frozen=True, slots=True)
+class CacheReading:
+    """What one `cache_read_txn` found and did."""
+
+    entry: dict[str, Any] | None
+    generation: dict[str, Any] | None
+    current: bool
+    """The generation was the one believed: dueness was decided (else only read)."""
+    due: bool
+    attempted: bool
+    """The lock's attempt ran (the entry was due and an attempt was given)."""
+    won: bool
+    holder: dict[str, Any] | None
+    """The lock's holder, read by an attempt that failed."""
+
+
+def parse_cache_read(answer: Mapping[str, Any]) -> CacheReading:
+    found = txn_ranges(answer)
+    entry, generation = [*found, None, None][:2]
+    current = txn_succeeded(answer)
+    due = attempted = won = False
+    holder = None
+    if current:
+        responses = answer.get("responses") or []
+        check = responses[2].get("response_txn") or {} if len(responses) > 2 else {}
+        due = not txn_succeeded(check)
+        inner = check.get("responses") or []
+        if due and inner:
+            attempt = inner[0].get("response_txn") or {}
+            attempted, won = True, txn_succeeded(attempt)
+            if not won:
+                ranges = txn_ranges(attempt)
+                holder = ranges[0] if ranges else None
+    return CacheReading(entry, generation, current, due, attempted, won, holder)

@@ -1,9 +1,12 @@
-"""memcached for both flavours: keys, values, the meta protocol, connections to one server.
+"""memcached's keys, values and meta protocol, with no I/O: shared by both flavours.
 
-Everything here blocks. The asyncio backend calls it through `run_sync` (a
-worker thread) and the generated blocking backend calls it directly, so the
-protocol and the connection handling exist once. The lock primitives built on
-it live in `corral.backends.memcached_locks`.
+Nothing here reads or writes a socket. The connections, their pool and the
+round trips live in `corral._async.backends.memcached_conn` (asyncio) and its
+generated blocking twin `corral._sync.backends.memcached_conn`; the steps of
+locks, semaphores and cache entries in `memcached_locks`,
+`memcached_slots` and `memcached_cache` beside it. What both flavours
+must agree on byte for byte (keys, TTL rounding, values, the framing of
+replies, the queue's encoding, the URL and its options) exists here once.
 
 **Why not pymemcache.** Its API has `gets`/`cas` but no compare-and-delete.
 `Client.raw_command` can send meta commands, but it reads a reply up to a fixed
@@ -14,9 +17,10 @@ command) the value. Without it, reading a lock takes two commands (`gets`,
 then a TTL probe) that do not describe one instant; nor can it pipeline two
 commands in one round trip. Its `PooledClient` raises when full instead of
 waiting, does not notice `fork`, and applies `timeout` to each socket call, so
-a two-step operation can take twice as long. What it would have given us is
-the socket and TLS set-up, which the standard library does in a few lines, so
-this module speaks the meta protocol itself.
+a two-step operation can take twice as long, and it blocks, so the asyncio
+flavour could only call it from a thread. What it would have given us is the
+socket and TLS set-up, which the standard library (and asyncio) do in a few
+lines, so corral speaks the meta protocol itself.
 
 **TTLs in whole seconds.** memcached keeps time in whole seconds, on a clock
 that ticks once a second; an item given `T<n>` vanishes at the n-th tick, so
@@ -44,23 +48,12 @@ is a valid name, deterministically, and the two forms never collide (":" and
 sha256(lock key, owner)>`. Per server: `<prefix>:fence`, the fencing counter. Per semaphore name:
 `<prefix>:sem:<name>` (its limit), `<prefix>:semqueue:<name>` and a slot key
 `<prefix>:slot:<name>#<i>` for each i < limit, hashed the same way, so a
-semaphore never shares a key with the lock of the same name.
+semaphore never shares a key with the lock of the same name. Per cache entry:
+`<prefix>:cache:<key>`, and per cache namespace `<prefix>:gen:<gen key>` (its
+generation counter), hashed the same way, so no cache key is ever a lock's.
 Values are `<token>:<owner>` (`<token>:` while closed by `hold_for`; empty for
 the placeholder a free lock's probe leaves), as in the Redis backend; a slot's
 are `<token>:<limit>:<owner>`.
-
-**Connections.** A pool per store and process: thread-safe, bounded by
-`max_connections` if given (a caller waits for a free connection within
-`timeout`), each connection lent to one caller at a time for a whole
-operation. `timeout` bounds a whole operation (waiting for a connection,
-connecting, TLS, every round trip), not each socket call. A connection that
-saw any error or interruption is closed, never reused, so a reply can never
-be read by the wrong caller; an idle connection that turns readable (the
-server closed it, for instance by restarting) is dropped before reuse,
-because resending a command after an error could apply it twice. After
-`fork` the child forgets the parent's connections (closing only its own copies
-of the descriptors) and opens its own. Each new connection authenticates if
-the URL has credentials and checks the server's version.
 
 **TLS and authentication.** memcached >= 1.6 built with TLS serves it with
 `-Z -o ssl_chain_cert=...,ssl_key=...`; pass `tls=True` (system CAs),
@@ -79,13 +72,10 @@ import hashlib
 import math
 import os
 import re
-import select
-import socket
 import ssl
-import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -93,33 +83,46 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from corral.backends.registry import redact
 from corral.core.options import Option, merge_options
 from corral.core.validate import check_timeout
-from corral.errors import BackendError, BackendUnavailable, ConfigError
+from corral.errors import ConfigError
 
 __all__ = [
+    "CHECK_CHUNK",
     "DEFAULT_PORT",
     "DEFAULT_PREFIX",
     "DEFAULT_TIMEOUT",
     "MAX_KEY_BYTES",
     "MIN_VERSION",
     "OPTIONS",
+    "PLACEHOLDER_TTL",
     "TTL_MARGIN",
-    "Call",
     "CasDisabled",
+    "ConnectionClosed",
     "LockKeys",
-    "MemcachedClient",
     "MemcachedOptions",
+    "Place",
+    "PoolExhausted",
     "ProtocolError",
+    "QueueState",
     "Reply",
     "ReplyParser",
     "SemaphoreKeys",
     "ServerRefused",
+    "StoreClosed",
+    "TooOld",
+    "cache_key",
     "check_prefix",
+    "check_version",
     "decode_slot",
     "decode_value",
     "encode_slot",
     "encode_value",
+    "entry_ttl",
     "fence_key",
     "fork_aware",
+    "generation_key",
+    "holder_ttl",
+    "join_requests",
+    "joined",
     "lease_left",
     "lock_keys",
     "parse_url",
@@ -148,7 +151,6 @@ MAX_UNIX_TTL = 2**31 - 1
 MIN_VERSION = (1, 6, 10)
 """The meta protocol's final syntax (`ms <key> <datalen>`, `HD`) and a working `md C<cas>`."""
 _MAX_LINE = 8192
-_RECV = 65536
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 _PLAIN = re.compile(r"[\x21-\x7e]*")
@@ -251,6 +253,16 @@ def fence_key(prefix: str) -> str:
     return f"{prefix}:fence"
 
 
+def cache_key(prefix: str, key: str) -> str:
+    """Where cache entry `key` lives: `corral:cache:users:1`, or hashed as a lock name is."""
+    return _key(prefix, "cache", key)
+
+
+def generation_key(prefix: str, gen_key: str) -> str:
+    """Where a cache namespace's generation counter lives: `corral:gen:<gen_key>`, or hashed."""
+    return _key(prefix, "gen", gen_key)
+
+
 # -- TTLs and values --------------------------------------------------------------
 
 
@@ -270,6 +282,22 @@ def server_ttl(seconds: float, what: str = "ttl") -> int:
             f"{what} of {seconds!r} s would end after 2038-01-19, which memcached cannot express"
         )
     return at
+
+
+def entry_ttl(keep: float) -> int:
+    """The `T` token that keeps a cache entry at least `keep` seconds (`keep` > 0).
+
+    As `server_ttl`, with one difference: an entry meant to outlive what memcached
+    can express (past 2038, or forever) is sent `T0`, which memcached keeps until
+    it is deleted or evicted, instead of being refused.
+    """
+    if not math.isfinite(keep):
+        return 0
+    whole = math.ceil(round(keep, 6)) + TTL_MARGIN
+    if whole <= MAX_RELATIVE_TTL:
+        return whole
+    at = int(time.time()) + whole + 1
+    return at if at <= MAX_UNIX_TTL else 0
 
 
 def lease_left(reported: int) -> float:
@@ -415,6 +443,86 @@ class ReplyParser:
         return Reply(code, tuple(tokens[2:]), value)
 
 
+# -- the waiting queue, with no I/O --------------------------------------------------
+
+
+PLACEHOLDER_TTL = 3
+"""Whole seconds a free lock's placeholder lives: room for the acquisition that follows its
+probe (a round trip later), and soon gone when nobody acquires."""
+CHECK_CHUNK = 16
+"""Places checked per round trip when entries are ahead of the caller in the queue."""
+_HEX = frozenset("0123456789abcdef")
+
+
+@dataclass(frozen=True, slots=True)
+class QueueState:
+    """A lock's queue as one read saw it: place ids in arrival order, its CAS and TTL."""
+
+    entries: tuple[str, ...] = ()
+    cas: int | None = None
+    """None when there was no queue."""
+    ttl: int = 0
+    """Whole seconds it had left (memcached's `t`)."""
+
+    @staticmethod
+    def parse(value: bytes) -> tuple[str, ...] | None:
+        """The place ids in a queue's value, or None if corral did not write it."""
+        try:
+            entries = tuple(value.decode("ascii").split(" "))
+        except UnicodeDecodeError:
+            return None
+        if entries[-1:] != ("",) or not all(
+            len(e) == 32 and _HEX.issuperset(e) for e in entries[:-1]
+        ):
+            return None
+        return entries[:-1]
+
+    @staticmethod
+    def encode(entries: Sequence[str]) -> bytes:
+        return "".join(f"{entry} " for entry in entries).encode("ascii")
+
+    def ahead_of(self, place: str | None) -> tuple[str, ...]:
+        """The entries before `place`'s first one (all of them if it has none)."""
+        if place is not None and place in self.entries:
+            return self.entries[: self.entries.index(place)]
+        return self.entries
+
+    def rewrite(self, key: str, kept: Sequence[str], min_ttl: int) -> bytes:
+        """The compare-and-swap that leaves `kept` in the queue, no sooner gone than before."""
+        if not kept:
+            return request("md", key, f"C{self.cas}")
+        ttl = max(self.ttl + 1, min_ttl, 1)  # +1: a tick may pass before the write lands
+        return request("ms", key, f"C{self.cas}", f"T{ttl}", data=self.encode(kept))
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    id: str
+    key: str
+    ttl: int
+    """The `T` that keeps it at least `queue_ttl` seconds."""
+
+
+def join_requests(queue_key: str, place: Place) -> list[bytes]:
+    """Append to the queue, else create it: one of the two stores, in one round trip."""
+    entry = QueueState.encode([place.id])
+    return [
+        request("ms", queue_key, "MA", data=entry),
+        request("ms", queue_key, "ME", f"T{place.ttl}", data=entry),
+    ]
+
+
+def joined(replies: Sequence[Reply]) -> bool:
+    """Whether the append or the create of `join_requests` stored the entry."""
+    return any(reply.code == b"HD" for reply in replies)
+
+
+def holder_ttl(reply: Reply) -> float | None:
+    """The holder's remaining TTL in whole seconds, margin included: waiters never spin on it."""
+    remaining = reply.number("t")
+    return float(remaining) if remaining >= 0 else None
+
+
 # -- options and the URL ----------------------------------------------------------
 
 
@@ -512,8 +620,8 @@ def parse_url(url: str, options: Mapping[str, object]) -> MemcachedOptions:
         )
     if "," in parts.netloc:
         raise ConfigError(
-            f"{shown}: several servers in one URL need client-side sharding, which this version "
-            "of corral does not have yet; give one server"
+            f"{shown}: one server's options were given a list of servers; open a pool "
+            "with corral.connect(), which places each key on one of them"
         )
     if parts.path not in ("", "/") or parts.fragment:
         raise ConfigError(
@@ -617,22 +725,22 @@ def _tls_context(given: Mapping[str, object]) -> ssl.SSLContext | None:
     return made
 
 
-# -- connections ------------------------------------------------------------------
+# -- what can go wrong on a connection ----------------------------------------------
 
 
-class _Closed(Exception):
+class ConnectionClosed(Exception):
     """The server closed the connection."""
 
 
-class _StoreClosed(Exception):
+class StoreClosed(Exception):
     """The store was closed."""
 
 
-class _PoolExhausted(Exception):
+class PoolExhausted(Exception):
     """Every connection stayed busy until the deadline."""
 
 
-class _TooOld(Exception):
+class TooOld(Exception):
     """The server predates the meta protocol corral needs."""
 
 
@@ -640,173 +748,11 @@ class CasDisabled(Exception):
     """The server runs with -C: every CAS reads 0, so compare-and-swap cannot work."""
 
 
-def _left(deadline: float) -> float:
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise TimeoutError("the operation's timeout ran out")
-    return left
-
-
-class _Connection:
-    """One socket and its reply parser; lent to one caller at a time."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.parser = ReplyParser()
-        self.broken = False
-
-    def call(self, deadline: float, *requests: bytes) -> list[Reply]:
-        """Send the requests in one write; read exactly one reply each, before `deadline`."""
-        with self._whole_or_broken():
-            self._send(deadline, requests)
-            replies = [self._receive(deadline) for _ in requests]
-            self._expect_nothing_more()
-            return replies
-
-    def call_until_end(self, deadline: float, command: bytes) -> list[Reply]:
-        """Send a command answered by many lines and `END` (`stats ...`); return the lines."""
-        with self._whole_or_broken():
-            self._send(deadline, (command,))
-            lines = []
-            while (line := self._receive(deadline)).code != b"END":
-                lines.append(line)
-            self._expect_nothing_more()
-            return lines
-
-    @contextlib.contextmanager
-    def _whole_or_broken(self) -> Iterator[None]:
-        try:
-            yield
-        except BaseException:
-            # Unread replies may be on the way: nobody may read them as theirs.
-            self.broken = True
-            raise
-
-    def _send(self, deadline: float, requests: tuple[bytes, ...]) -> None:
-        self.sock.settimeout(_left(deadline))
-        self.sock.sendall(b"".join(requests))
-
-    def _receive(self, deadline: float) -> Reply:
-        while (reply := self.parser.next()) is None:
-            self.sock.settimeout(_left(deadline))
-            data = self.sock.recv(_RECV)
-            if not data:
-                raise _Closed("end of stream")
-            self.parser.feed(data)
-        return reply
-
-    def _expect_nothing_more(self) -> None:
-        if self.parser.pending:
-            raise ProtocolError("the server sent more than the replies asked for")
-
-    def idle_and_sound(self) -> bool:
-        """Nothing to read while idle: else the server closed it (EOF) or sent garbage."""
-        if self.broken:
-            return False
-        if isinstance(self.sock, ssl.SSLSocket) and self.sock.pending():
-            return False
-        try:
-            if hasattr(select, "poll"):  # select() fails on descriptors past FD_SETSIZE
-                poller = select.poll()
-                poller.register(self.sock, select.POLLIN)
-                return not poller.poll(0)
-            readable, _, _ = select.select([self.sock], [], [], 0)
-        except (OSError, ValueError):
-            return False
-        return not readable
-
-    def close(self) -> None:
-        # close(), never shutdown(): after fork this must not end the parent's connection.
-        with contextlib.suppress(OSError):
-            self.sock.close()
-
-
-class _Pool:
-    """This process's connections to one server; see the module docstring."""
-
-    def __init__(self, connect: Callable[[float], _Connection], max_size: int | None) -> None:
-        self._connect = connect
-        self._max_size = max_size
-        self._closed = False
-        self._reset()
-        fork_aware(self)
-
-    def _reset(self) -> None:
-        self._pid = os.getpid()
-        self._cond = threading.Condition(threading.Lock())
-        self._idle: list[_Connection] = []
-        self._lent: set[_Connection] = set()
-        self._opening = 0
-
-    def after_fork(self) -> None:
-        """In the child: forget the parent's connections, closing only this process's copies."""
-        inherited = [*self._idle, *self._lent]
-        self._reset()
-        for conn in inherited:
-            conn.close()
-
-    @contextlib.contextmanager
-    def connection(self, deadline: float) -> Iterator[_Connection]:
-        if self._pid != os.getpid():
-            self.after_fork()  # a fork that bypassed os.register_at_fork
-        conn = self._checkout(deadline)
-        try:
-            yield conn
-        except BaseException:
-            conn.broken = True
-            raise
-        finally:
-            self._checkin(conn)
-
-    def _checkout(self, deadline: float) -> _Connection:
-        with self._cond:
-            while True:
-                if self._closed:
-                    raise _StoreClosed
-                while self._idle:
-                    conn = self._idle.pop()
-                    if conn.idle_and_sound():
-                        self._lent.add(conn)
-                        return conn
-                    conn.close()
-                size = len(self._idle) + len(self._lent) + self._opening
-                if self._max_size is None or size < self._max_size:
-                    self._opening += 1  # holds the slot while connecting, outside the lock
-                    break
-                left = deadline - time.monotonic()
-                if left <= 0 or not self._cond.wait(left):
-                    raise _PoolExhausted
-        try:
-            conn = self._connect(deadline)
-        except BaseException:
-            with self._cond:
-                self._opening -= 1
-                self._cond.notify()
-            raise
-        with self._cond:
-            self._opening -= 1
-            self._lent.add(conn)
-        return conn
-
-    def _checkin(self, conn: _Connection) -> None:
-        with self._cond:
-            if conn not in self._lent:
-                return  # lent before a fork: the child has closed its copy
-            self._lent.discard(conn)
-            if conn.broken or self._closed:
-                conn.close()
-            else:
-                self._idle.append(conn)
-            self._cond.notify()
-
-    def close(self) -> None:
-        """Close the idle connections now, and the lent ones when they come back."""
-        with self._cond:
-            self._closed = True
-            idle, self._idle = self._idle, []
-            self._cond.notify_all()
-        for conn in idle:
-            conn.close()
+def check_version(reply: Reply) -> None:
+    """Refuse a memcached too old for the meta protocol; let an unparsable answer through."""
+    found = _VERSION.search(b" ".join(reply.tokens)) if reply.code == b"VERSION" else None
+    if found is not None and tuple(int(n) for n in found.groups()) < MIN_VERSION:
+        raise TooOld(found.group(0).decode())
 
 
 class _ForkAware(Protocol):
@@ -828,174 +774,3 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-# -- one server -------------------------------------------------------------------
-
-
-class Call(Protocol):
-    """Send requests in one write on the operation's connection; one reply each."""
-
-    def __call__(self, *requests: bytes) -> list[Reply]: ...
-
-
-class MemcachedClient:
-    """Connections to one memcached server, and its failures as corral's errors."""
-
-    def __init__(self, options: MemcachedOptions) -> None:
-        self.options = options
-        self.prefix = options.prefix
-        self.timeout = options.timeout
-        self.server = options.server
-        self._pool = _Pool(self._open, options.max_connections)
-
-    def _open(self, deadline: float) -> _Connection:
-        o = self.options
-        sock = socket.create_connection((o.host, o.port), timeout=_left(deadline))
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if o.tls_context is not None:
-                sock.settimeout(_left(deadline))
-                sock = o.tls_context.wrap_socket(sock, server_hostname=o.host)
-            conn = _Connection(sock)
-            greeting = []
-            if o.username is not None and o.password is not None:
-                # memcached's text protocol authentication (-Y): a `set` whose data is the
-                # credentials. Any key: it is not stored.
-                login = f"{o.username} {o.password}".encode()
-                greeting.append(b"set corral-auth 0 0 %d\r\n%s\r\n" % (len(login), login))
-            greeting.append(b"version\r\n")
-            replies = conn.call(deadline, *greeting)
-            if o.username is not None and replies[0].code != b"STORED":
-                raise ServerRefused(b"CLIENT_ERROR authentication failure")
-            _check_version(replies[-1])
-            # Refuse a server without CAS (-C) before anything is acquired on it.
-            for setting in conn.call_until_end(deadline, b"stats settings\r\n"):
-                if setting.tokens == (b"cas_enabled", b"no"):
-                    raise CasDisabled
-            return conn
-        except BaseException:
-            with contextlib.suppress(OSError):
-                sock.close()
-            raise
-
-    @contextlib.contextmanager
-    def session(self, name: str, action: str, kind: str = "lock") -> Iterator[Call]:
-        """One connection for one whole operation, its errors as corral's; `timeout` bounds it.
-
-        Every round trip of an operation goes over this one connection, so a
-        compare-and-swap never compares a CAS read from one server process with
-        another's: a restart in between breaks the connection instead.
-        """
-        deadline = time.monotonic() + self.timeout
-        with self._errors(name, action, kind), self._pool.connection(deadline) as conn:
-
-            def call(*requests: bytes) -> list[Reply]:
-                return conn.call(deadline, *requests)
-
-            yield call
-
-    @contextlib.contextmanager
-    def _errors(self, name: str, action: str, kind: str) -> Iterator[None]:
-        where = f"{kind} {name!r} on {self.server}: could not {action} it"
-        try:
-            yield
-        except _StoreClosed:
-            raise BackendError(f"{where}: the store is closed; open a new one") from None
-        except _PoolExhausted:
-            raise BackendUnavailable(
-                f"{where}: all {self.options.max_connections} connections stayed busy for "
-                f"{self.timeout:g} s; raise max_connections= or timeout="
-            ) from None
-        except _TooOld as exc:
-            raise BackendError(
-                f"{where}: the server is memcached {exc}; corral needs memcached >= "
-                f"{'.'.join(map(str, MIN_VERSION))} for the meta protocol's compare-and-swap "
-                "(Debian 12 has 1.6.18)"
-            ) from None
-        except CasDisabled:
-            raise BackendError(
-                f"{where}: the server runs without CAS (memcached -C), so a release or extend "
-                "cannot check that the lock is still the caller's; restart it without -C"
-            ) from None
-        except ServerRefused as exc:
-            raise self._refused(where, exc) from None
-        except ProtocolError as exc:
-            raise BackendError(
-                f"{where}: the server's reply made no sense ({exc}); is {self.server} really a "
-                "memcached (not a proxy without the meta protocol)?"
-            ) from None
-        except ssl.SSLCertVerificationError as exc:
-            raise BackendError(
-                f"{where}: the server's TLS certificate is not trusted ({exc.verify_message}); "
-                "pass tls_ca_file= with the CA that signed it"
-            ) from None
-        except ssl.SSLError as exc:
-            raise BackendUnavailable(
-                f"{where}: the TLS handshake failed ({exc}); does the server serve TLS "
-                "(memcached -Z)? Drop tls options for a plain-text server"
-            ) from None
-        except TimeoutError:
-            raise BackendUnavailable(
-                f"{where}: the server did not answer within {self.timeout:g} s; check that "
-                "memcached is running and reachable from here, or raise timeout="
-            ) from None
-        except (_Closed, ConnectionResetError) as exc:
-            hint = (
-                "; if it serves only TLS (memcached -Z), pass tls=true"
-                if self.options.tls_context is None
-                else ""
-            )
-            raise BackendUnavailable(
-                f"{where}: the server closed the connection ({exc or 'end of stream'}: "
-                f"restarting, or refusing us?){hint}"
-            ) from None
-        except OSError as exc:
-            raise BackendUnavailable(
-                f"{where}: the server is unreachable ({exc}); check that memcached is running "
-                "and reachable from here"
-            ) from None
-
-    def _refused(self, where: str, exc: ServerRefused) -> BackendError:
-        line = exc.line.decode("ascii", "replace")
-        lowered = line.lower()
-        if "unauthenticated" in lowered or "authentication" in lowered:
-            if self.options.username is None:
-                return BackendError(
-                    f"{where}: the server requires authentication ({line}); put "
-                    "user:password@ in the URL"
-                )
-            return BackendError(f"{where}: the server refused the credentials ({line})")
-        if line == "ERROR":
-            return BackendError(
-                f"{where}: the server does not know the meta commands (answered ERROR); corral "
-                f"needs memcached >= {'.'.join(map(str, MIN_VERSION))}"
-            )
-        if "non-numeric" in lowered:
-            return BackendError(
-                f"{where}: its fencing counter holds something corral did not write ({line}); "
-                "another program uses the same key prefix (choose another prefix=)"
-            )
-        if "out of memory" in lowered:
-            return BackendError(
-                f"{where}: memcached is out of memory and may not evict ({line}); give it more "
-                "memory (-m) or fewer keys"
-            )
-        return BackendError(f"{where}: memcached answered {line!r}; check the server's logs")
-
-    def foreign(self, name: str, key: str, value: bytes, kind: str = "lock") -> BackendError:
-        """The error for a value under our prefix that corral did not write."""
-        return BackendError(
-            f"{kind} {name!r} on {self.server}: {key} holds {value[:80]!r}, which corral did not "
-            "write; another program uses the same key prefix (choose another prefix=)"
-        )
-
-    def close(self) -> None:
-        self._pool.close()
-
-
-def _check_version(reply: Reply) -> None:
-    """Refuse a memcached too old for the meta protocol; let an unparsable answer through."""
-    found = _VERSION.search(b" ".join(reply.tokens)) if reply.code == b"VERSION" else None
-    if found is not None and tuple(int(n) for n in found.groups()) < MIN_VERSION:
-        raise _TooOld(found.group(0).decode())

@@ -142,6 +142,52 @@ worst still counts, and wake the waiters with `pg_notify` on the channel
 `<prefix>sem_freed`, which the one LISTEN connection hears along with the
 locks' channel.
 
+**Cache entries.** An entry is a row of `<prefix>cache_entries`: its key, the
+stored bytes (`corral.core.envelope`) and `expires_at`, from the server's
+clock like every expiry here (`keep` seconds from now, to the microsecond: no
+rounding); a row past it is gone for every reader. A namespace's generation is
+a row of `<prefix>cache_generations`, bumped by one upsert, never expiring (a
+generation must never go back; there is one row per namespace ever cleared).
+Keys are `bytea`, a key's UTF-8 (`surrogatepass`), so any `str` is a key (NUL
+and lone surrogates included) and no database encoding matters. A key longer
+than `MAX_KEY_BYTES` is stored as its first `CACHE_READABLE_BYTES` bytes, the
+byte 0xFF, which UTF-8 never contains, so no key stored as itself is ever one
+stored hashed, and the SHA-256 of the whole key (`cache_key`); a key's first
+bytes stay its first bytes either way, so the entries under a prefix (up to
+`CACHE_READABLE_BYTES` long) are one range of the primary key. The tables are
+their own key space: no lock, semaphore or other table prefix shares them.
+
+Each primitive is one statement (a read with a claim: one round trip, below).
+A fetch reads every key and the generation at one snapshot. A store is one
+`INSERT … SELECT FROM unnest(…) ON CONFLICT (key) DO UPDATE`, its keys sorted,
+so two stores lock the rows they share in the same order and never deadlock;
+a `keep <= 0` in it empties the entry and expires it (only where a row was
+there), which readers see as deleted and the sweeps below delete. Invalidate
+is one `UPDATE` that rewrites `fresh_until` in place with `overlay` (the bytes
+are corral's, checked as `claim_due` does), or deletes what is not corral's.
+Clear is one upsert that adds one, returning the new generation.
+
+*Expired entries are swept by writes*: every store also deletes up to as
+many expired rows as it writes, plus `SWEEP_BATCH`, oldest first through the
+index on `expires_at`, after its own writes (`SKIP LOCKED`, never waiting
+while holding them), so the table never holds more expired rows than about
+the last writes left, however many keys were ever used; reads stay reads.
+
+*A read with a claim* reads the entry and the generation and, only when the
+entry is due, tries the claim's lock, in one round trip and one transaction:
+two statements, as a lock's attempt is. The first reads and decides, exactly
+as `corral.core.envelope.claim_due` does (missing, another generation,
+bytes that are not a corral entry, or `max(fresh_until, retry_until) <=
+due_before`: the header's fields parsed from their fixed offsets); only when
+the entry is due does it take the lock's turn, and then it sets a flag local
+to the transaction (`corral.claim`). The second is the lock's own attempt
+(`acquire`, built from the same parts: the same token sequence, queue rule and
+sweeps) gated on that flag and on the entry still being due as it reads it
+again, at its own snapshot, taken once the turn is had. A read that is not
+due costs no turn, no token and no write: concurrent readers of a fresh entry
+never wait for each other. The answer is the read that decided: the first
+statement's when it was not due, else the second's, with its attempt.
+
 **Passwords.** The password (from the URL's user info or its query, like
 `sslpassword` and libpq's other secrets) is taken out of the URL before libpq
 parses the rest, so no libpq message about a malformed URL can quote it; it
@@ -177,15 +223,26 @@ from dataclasses import dataclass, field
 from urllib.parse import quote, unquote_to_bytes, urlencode
 
 from corral.backends.registry import check_userinfo, redact
+from corral.core.envelope import (
+    CODEC_AT,
+    DELTA_AT,
+    FRESH_AT,
+    GENERATION_AT,
+    HEADER_SIZE,
+    MAGIC,
+    RETRY_AT,
+)
 from corral.core.options import Option, merge_options
 from corral.core.validate import check_timeout
 from corral.errors import ConfigError
 
 __all__ = [
+    "CACHE_READABLE_BYTES",
     "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_SCHEMA",
     "DEFAULT_TABLE_PREFIX",
     "DEFAULT_TIMEOUT",
+    "MAX_KEEP",
     "MAX_KEY_BYTES",
     "OPTIONS",
     "SWEEP_BATCH",
@@ -193,6 +250,10 @@ __all__ = [
     "PostgresOptions",
     "Statements",
     "Watchdog",
+    "cache_key",
+    "cache_key_range",
+    "entry_is_due",
+    "entry_is_ours",
     "lock_key",
     "migration_sql",
     "parse_url",
@@ -214,6 +275,12 @@ SWEEP_EVERY = 8
 """A store's acquisitions that sweep expired rows: its first, then one in this many."""
 SWEEP_BATCH = 32
 """The most expired rows one sweeping acquisition deletes from each table."""
+CACHE_READABLE_BYTES = MAX_KEY_BYTES - 33
+"""How much of a hashed cache key stays as it is: a hashed key is as long as the longest
+key stored as itself (see "Cache entries" in the module docstring)."""
+CACHE_HASH_MARK = b"\xff"
+MAX_KEEP = 1e11
+"""The longest `keep` (about 3,000 years): more would overflow PostgreSQL's intervals."""
 # The key of the transaction-level advisory lock that serialises schema creation.
 SCHEMA_LOCK_KEY = 0x636F7272616C  # b"corral"
 
@@ -473,6 +540,84 @@ def lock_key(name: str, *, ascii_only: bool = False) -> str:
     return f"{shown}{HASH_MARK}{digest}"
 
 
+def cache_key(key: str) -> bytes:
+    """The `bytea` that stands for cache key (or generation key) `key` in the cache tables.
+
+    Its UTF-8 where that is at most `MAX_KEY_BYTES` long, else its first
+    `CACHE_READABLE_BYTES` bytes, 0xFF and its SHA-256 (see "Cache entries" in
+    the module docstring).
+    """
+    raw = key.encode("utf-8", "surrogatepass")
+    if len(raw) <= MAX_KEY_BYTES:
+        return raw
+    return raw[:CACHE_READABLE_BYTES] + CACHE_HASH_MARK + hashlib.sha256(raw).digest()
+
+
+def cache_key_range(prefix: str) -> tuple[bytes, bytes | None] | None:
+    """The `[low, high)` range of stored keys whose key starts with `prefix` (`high` None:
+    no upper bound), or None when the prefix is longer than hashed keys keep readable."""
+    low = prefix.encode("utf-8", "surrogatepass")
+    if len(low) > CACHE_READABLE_BYTES:
+        return None
+    if not low:
+        return low, None
+    # UTF-8 has no 0xFF byte, so the last byte can always go up by one.
+    return low, low[:-1] + bytes([low[-1] + 1])
+
+
+# What Python's float() and int() read in a header field (`corral.core.envelope`), as
+# PostgreSQL regular expressions: surrounding whitespace, a sign, digits with a point,
+# an exponent (of at most three digits: every PostgreSQL casts that to numeric). What
+# float() reads besides (inf, nan, underscores, longer exponents) no writer of corral's
+# ever puts there; here it is "not corral's", which a claim finds due.
+_FLOAT_FIELD = "^[[:space:]]*[-+]?([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][-+]?0*[0-9]{1,3})?[[:space:]]*$"
+_INT_FIELD = "^[[:space:]]*[-+]?[0-9]+[[:space:]]*$"
+
+
+def _field(data: str, at: slice) -> str:
+    """The text of one header field of the `bytea` expression `data`; other bytes than
+    printable ASCII come out as escapes (`\\nnn`), which no field pattern matches."""
+    return f"encode(substr({data}, {at.start + 1}, {at.stop - at.start}), 'escape')"
+
+
+def entry_is_ours(data: str) -> str:
+    """SQL: whether the `bytea` expression `data` (not NULL) is a corral entry of this
+    format, as `corral.core.envelope.decode_header` decides. Never raises: every part
+    reads bytes that may be missing or anything at all."""
+    return (
+        f"(length({data}) >= {HEADER_SIZE}"
+        f" AND substr({data}, 1, {len(MAGIC)}) = '{MAGIC.decode()}'::bytea"
+        f" AND substr({data}, {HEADER_SIZE}, 1) = decode('0a', 'hex')"
+        f" AND substr({data}, {CODEC_AT + 1}, 1) < decode('80', 'hex')"
+        f" AND {_field(data, FRESH_AT)} ~ '{_FLOAT_FIELD}'"
+        f" AND {_field(data, RETRY_AT)} ~ '{_FLOAT_FIELD}'"
+        f" AND {_field(data, DELTA_AT)} ~ '{_FLOAT_FIELD}'"
+        f" AND {_field(data, GENERATION_AT)} ~ '{_INT_FIELD}')"
+    )
+
+
+def entry_is_due(data: str, generation: str, due_before: str) -> str:
+    """SQL: `corral.core.envelope.claim_due(data, generation, due_before)`.
+
+    Missing, not corral's, of another generation, or neither fresh nor held
+    back at `due_before`. The fields are compared as float() reads them: the
+    later of the two, parsed as numeric, becomes the nearest float8 (what
+    float() returns), or an infinity past float8's range, so the comparison
+    with `due_before` (a float8) is Python's own.
+    """
+    until = f"GREATEST({_field(data, FRESH_AT)}::numeric, {_field(data, RETRY_AT)}::numeric)"
+    return (
+        f"(CASE WHEN {data} IS NULL THEN true WHEN NOT {entry_is_ours(data)} THEN true"
+        f" ELSE (SELECT h.generation <> {generation} OR CASE"
+        " WHEN h.until > 1e308 THEN 'Infinity'::float8"
+        " WHEN h.until < -1e308 THEN '-Infinity'::float8"
+        " WHEN abs(h.until) < 1e-300 THEN 0::float8"
+        f" ELSE h.until::float8 END <= {due_before}::float8"
+        f" FROM (SELECT {_field(data, GENERATION_AT)}::numeric AS generation,"
+        f" {until} AS until) AS h) END)"
+    )
+
+
 def quote_ident(name: str) -> str:
     """A quoted SQL identifier: case kept exactly as given."""
     return '"' + name.replace('"', '""') + '"'
@@ -498,12 +643,17 @@ class Statements:
         waiters = f"{s}.{quote_ident(table_prefix + 'sem_waiters')}"
         slots_expiry = quote_ident(table_prefix + "sem_slots_expiry")
         waiters_expiry = quote_ident(table_prefix + "sem_waiters_expiry")
+        # Cache entries (module docstring, "Cache entries"); the same holds of these names.
+        entries = f"{s}.{quote_ident(table_prefix + 'cache_entries')}"
+        generations = f"{s}.{quote_ident(table_prefix + 'cache_generations')}"
+        entries_expiry = quote_ident(table_prefix + "cache_entries_expiry")
         self.schema = schema
         self.locks, self.queue, self.tokens = locks, queue, tokens
         self.slots, self.waiters = slots, waiters
+        self.entries, self.generations = entries, generations
         self.channel = table_prefix + "released"
         self.sem_channel = table_prefix + "sem_freed"
-        self.tables = (locks, queue, tokens, slots, waiters)
+        self.tables = (locks, queue, tokens, slots, waiters, entries, generations)
         self._gate_salt = f"{schema}.{table_prefix}\0".encode()
         # Keys never contain NUL, so no lock's salted key is a semaphore's.
         self._sem_gate_salt = f"{schema}.{table_prefix}\0semaphore\0".encode()
@@ -548,6 +698,16 @@ class Statements:
             f"CREATE INDEX IF NOT EXISTS {quote_ident(table_prefix + 'sem_waiters_arrival')}"
             f" ON {waiters} (name, arrival)",
             f"CREATE INDEX IF NOT EXISTS {waiters_expiry} ON {waiters} (expires_at)",
+            f"CREATE TABLE IF NOT EXISTS {entries} (\n"
+            "    key bytea PRIMARY KEY,\n"  # cache_key(key)
+            "    data bytea NOT NULL,\n"
+            "    expires_at timestamptz NOT NULL\n"  # gone once past; then swept
+            ")",
+            f"CREATE INDEX IF NOT EXISTS {entries_expiry} ON {entries} (expires_at)",
+            f"CREATE TABLE IF NOT EXISTS {generations} (\n"
+            "    key bytea PRIMARY KEY,\n"  # cache_key(gen_key)
+            "    generation bigint NOT NULL\n"
+            ")",
         )
         # Every object there (the DDL is skipped when all exist: no DDL rights needed),
         # and whether the database can store any text (module docstring, "Names").
@@ -559,7 +719,10 @@ class Statements:
             " AND to_regclass(%(queue_expiry)s) IS NOT NULL"
             " AND to_regclass(%(slots)s) IS NOT NULL AND to_regclass(%(waiters)s) IS NOT NULL"
             " AND to_regclass(%(slots_expiry)s) IS NOT NULL"
-            " AND to_regclass(%(waiters_expiry)s) IS NOT NULL,"
+            " AND to_regclass(%(waiters_expiry)s) IS NOT NULL"
+            " AND to_regclass(%(entries)s) IS NOT NULL"
+            " AND to_regclass(%(entries_expiry)s) IS NOT NULL"
+            " AND to_regclass(%(generations)s) IS NOT NULL,"
             " current_setting('server_encoding') IN ('UTF8', 'SQL_ASCII')"
         )
         self.ready_params = {
@@ -573,6 +736,9 @@ class Statements:
             "waiters": waiters,
             "slots_expiry": f"{s}.{slots_expiry}",
             "waiters_expiry": f"{s}.{waiters_expiry}",
+            "entries": entries,
+            "entries_expiry": f"{s}.{entries_expiry}",
+            "generations": generations,
         }
         self.schema_lock = "SELECT pg_advisory_xact_lock(%(key)s)"
         # The object each statement of `ddl` creates, and which of them exist, asked
@@ -594,6 +760,9 @@ class Statements:
                 "sem_waiters",
                 "sem_waiters_arrival",
                 "sem_waiters_expiry",
+                "cache_entries",
+                "cache_entries_expiry",
+                "cache_generations",
             )
         )
         assert len(self.ddl_objects) == len(self.ddl)
@@ -628,18 +797,23 @@ class Statements:
             f" LIMIT 1"
             f")"
         )
+
         # Take the lock if nobody is ahead: insert its row, or take over an expired one.
-        acquired = (
-            f"acquired AS ("
-            f" INSERT INTO {locks} AS l (name, owner, token, expires_at)"
-            f" SELECT %(name)s, %(owner)s, nextval('{tokens}'), {ttl}"
-            f" WHERE NOT EXISTS (SELECT FROM ahead)"
-            f" ON CONFLICT (name) DO UPDATE"
-            f" SET owner = excluded.owner, token = excluded.token, expires_at = {ttl}"
-            f" WHERE l.expires_at <= clock_timestamp()"
-            f" RETURNING l.token"
-            f")"
-        )
+        # `also` is one more condition (a cache read's claim: "Cache entries").
+        def acquiring(also: str = "") -> str:
+            return (
+                f"acquired AS ("
+                f" INSERT INTO {locks} AS l (name, owner, token, expires_at)"
+                f" SELECT %(name)s, %(owner)s, nextval('{tokens}'), {ttl}"
+                f" WHERE NOT EXISTS (SELECT FROM ahead){also}"
+                f" ON CONFLICT (name) DO UPDATE"
+                f" SET owner = excluded.owner, token = excluded.token, expires_at = {ttl}"
+                f" WHERE l.expires_at <= clock_timestamp()"
+                f" RETURNING l.token"
+                f")"
+            )
+
+        acquired = acquiring()
         # Parts that must come after the attempt, so that nothing they lock is held
         # while the attempt waits: they read `acquired`, which runs it first.
         after = "(SELECT count(*) FROM acquired) >= 0"
@@ -668,10 +842,10 @@ class Statements:
         # The sweep (module docstring): expired rows of other names, oldest first.
         # The ids are collected (and locked) once, and the deletion by id is skipped
         # when there are none, so a sweep with nothing to do costs one index probe.
-        def sweep(table: str, tag: str) -> str:
+        def sweep(table: str, tag: str, when: str = after) -> str:
             return (
                 f", doomed_{tag} AS (SELECT ARRAY("
-                f"SELECT ctid FROM {table} WHERE {after} AND expires_at < now()"
+                f"SELECT ctid FROM {table} WHERE {when} AND expires_at < now()"
                 f" AND name <> %(name)s ORDER BY expires_at LIMIT {SWEEP_BATCH}"
                 f" FOR UPDATE SKIP LOCKED) AS ids"
                 f"), swept_{tag} AS ("
@@ -682,12 +856,15 @@ class Statements:
 
         # Every table, whichever kind of acquisition sweeps: names used once by locks
         # only, or by semaphores only, are all left with nothing.
-        sweeps = (
-            sweep(locks, "rows")
-            + sweep(queue, "places")
-            + sweep(slots, "slots")
-            + sweep(waiters, "waiters")
-        )
+        def sweeping(when: str = after) -> str:
+            return (
+                sweep(locks, "rows", when)
+                + sweep(queue, "places", when)
+                + sweep(slots, "slots", when)
+                + sweep(waiters, "waiters", when)
+            )
+
+        sweeps = sweeping()
         # Granted: the token. Refused: the holder's seconds left, or no row at all
         # when the lock is free but someone is queued ahead.
         answer = (
@@ -880,6 +1057,115 @@ class Statements:
             f") SELECT count(*) FROM gone"
         )
 
+        # -- cache entries (module docstring, "Cache entries") --
+        # Parameters: `key` is `cache_key(key)`, `gen_key` is `cache_key(gen_key)`.
+        entry_live = "expires_at > clock_timestamp()"
+        # The namespace's generation (0 when never bumped) and the key's live entry, if
+        # any: always exactly one row.
+        generation = (
+            f"(SELECT COALESCE((SELECT generation FROM {generations}"
+            f" WHERE key = %(gen_key)s), 0) AS generation) AS g"
+        )
+        read_one = (
+            f" FROM {generation} LEFT JOIN {entries} AS e ON e.key = %(key)s AND e.{entry_live}"
+        )
+        due = entry_is_due("e.data", "g.generation", "%(due_before)s")
+        # Every key's live entry (by its place in `keys`, those found) and the
+        # generation: one row at least, the generation's, with no entry.
+        self.cache_fetch = (
+            f"SELECT k.ord, e.data, g.generation FROM {generation}"
+            f" LEFT JOIN (unnest(%(keys)s::bytea[]) WITH ORDINALITY AS k(key, ord)"
+            f" JOIN {entries} AS e ON e.key = k.key AND e.{entry_live}) ON true"
+        )
+        # A read with a claim, first statement: the read, whether it is due, and only if
+        # so the claim's lock's turn (`gate`) and the flag the second statement reads.
+        # Both last until the transaction ends, with the round trip.
+        claim_flag = "current_setting('corral.claim', true) = 'due'"
+        self.cache_claim_read = (
+            f"WITH r AS MATERIALIZED (SELECT e.data, g.generation, {due} AS due{read_one})"
+            " SELECT data, generation, due,"
+            " CASE WHEN due THEN pg_advisory_xact_lock(%(gate)s)::text END,"
+            " CASE WHEN due THEN set_config('corral.claim', 'due', true) END"
+            " FROM r"
+        )
+        # Second statement: the lock's own attempt (`acquire`, without a queue place),
+        # tried only when the first took the turn and the entry, read again at this
+        # statement's snapshot, is still due; no row when the first found it not due.
+        # The attempt's answer as `acquire` gives it: no lock row when a waiter is
+        # queued ahead.
+        claim = (
+            f"WITH claim AS MATERIALIZED ("
+            f"SELECT e.data, g.generation, {due} AS due{read_one} WHERE {claim_flag}"
+            f"), {ahead}, {acquiring(' AND (SELECT due FROM claim)')}"
+        )
+        claim_answer = (
+            " SELECT c.data, c.generation, c.due, a.granted, a.token, a.seconds"
+            f" FROM claim AS c LEFT JOIN ({answer}) AS a(granted, token, seconds) ON c.due"
+        )
+        # Indexed by sweep; a claim that is not due sweeps nothing.
+        self.cache_claim_attempt = {
+            False: claim + claim_answer,
+            True: claim + sweeping(f"{after} AND (SELECT due FROM claim)") + claim_answer,
+        }
+        # Store: the items sorted by key (module docstring: no deadlock), `keep <= 0`
+        # written as an emptied, expired entry only where one was there; then, after the
+        # writes, the sweep of up to `sweep` expired entries of other keys.
+        self.cache_store = (
+            f"WITH written AS ("
+            f" INSERT INTO {entries} AS e (key, data, expires_at)"
+            f" SELECT k.key, CASE WHEN k.keep > 0 THEN k.data ELSE ''::bytea END,"
+            f" CASE WHEN k.keep > 0 THEN clock_timestamp() + k.keep * interval '1 second'"
+            f" ELSE '-infinity' END"
+            f" FROM unnest(%(keys)s::bytea[], %(datas)s::bytea[], %(keeps)s::float8[])"
+            f" WITH ORDINALITY AS k(key, data, keep, ord)"
+            f" WHERE k.keep > 0 OR EXISTS (SELECT FROM {entries} AS o WHERE o.key = k.key)"
+            f" ORDER BY k.ord"
+            f" ON CONFLICT (key) DO UPDATE SET data = excluded.data,"
+            f" expires_at = excluded.expires_at"
+            f" RETURNING 1"
+            f"), doomed AS (SELECT ARRAY("
+            f"SELECT ctid FROM {entries} WHERE (SELECT count(*) FROM written) >= 0"
+            f" AND expires_at < now() AND key <> ALL (%(keys)s::bytea[])"
+            f" ORDER BY expires_at LIMIT %(sweep)s FOR UPDATE SKIP LOCKED) AS ids"
+            f"), swept AS ("
+            f" DELETE FROM {entries} WHERE ctid = ANY ((SELECT ids FROM doomed)::tid[])"
+            f" AND cardinality((SELECT ids FROM doomed)) > 0"
+            f") SELECT count(*) FROM written"
+        )
+        # Whether a live entry was there; an expired one goes too.
+        self.cache_delete = (
+            f"WITH gone AS (DELETE FROM {entries} WHERE key = %(key)s"
+            f" RETURNING {entry_live} AS live"
+            f") SELECT COALESCE(bool_or(live), false) FROM gone"
+        )
+        # Invalidate with `keep > 0`: corral's bytes get fresh_until zeroed in place
+        # (what `envelope.mark_stale` does), anything else is deleted, as memory does.
+        ours = entry_is_ours("data")
+        zero = (b"%017.6f" % 0.0).decode()
+        self.cache_invalidate = (
+            f"WITH stale AS ("
+            f" UPDATE {entries} SET data = overlay(data placing '{zero}'::bytea"
+            f" from {FRESH_AT.start + 1} for {FRESH_AT.stop - FRESH_AT.start}),"
+            f" expires_at = clock_timestamp() + %(keep)s * interval '1 second'"
+            f" WHERE key = %(key)s AND {entry_live} AND {ours} RETURNING 1"
+            f"), gone AS ("
+            f" DELETE FROM {entries} WHERE key = %(key)s AND {entry_live} AND NOT {ours}"
+            f" RETURNING 1"
+            f") SELECT EXISTS (SELECT FROM stale) OR EXISTS (SELECT FROM gone)"
+        )
+        self.cache_clear = (
+            f"INSERT INTO {generations} AS g (key, generation) VALUES (%(gen_key)s, 1)"
+            f" ON CONFLICT (key) DO UPDATE SET generation = g.generation + 1"
+            f" RETURNING g.generation"
+        )
+        # Live entries in the key range of a prefix (`cache_key_range`); all of them
+        # for the empty prefix.
+        self.cache_count = (
+            f"SELECT count(*) FROM {entries} WHERE key >= %(low)s AND key < %(high)s"
+            f" AND {entry_live}"
+        )
+        self.cache_count_all = f"SELECT count(*) FROM {entries} WHERE {entry_live}"
+
     def gate_key(self, key: str) -> int:
         """The advisory lock key that serialises acquisitions of `key` in these tables."""
         digest = hashlib.blake2b(self._gate_salt + key.encode(), digest_size=8).digest()
@@ -903,8 +1189,8 @@ def migration_sql(
     """The DDL that creates corral's tables, to run ahead of time (idempotent).
 
     Run it as a role allowed to create tables; with `grant_to`, it also grants
-    that role what corral needs (DML on its tables, for locks and semaphores, USAGE on the
-    sequences). corral then finds the tables and sends no DDL itself, so the
+    that role what corral needs (DML on its tables, for locks, semaphores and cache
+    entries, USAGE on the sequences). corral then finds the tables and sends no DDL itself, so the
     role it connects as needs no CREATE privilege.
     """
     shown = "migration_sql()"
@@ -925,7 +1211,8 @@ def migration_sql(
         parts += [
             f"GRANT USAGE ON SCHEMA {quote_ident(schema)} TO {role}",
             f"GRANT SELECT, INSERT, UPDATE, DELETE ON {statements.locks}, {statements.queue},"
-            f" {statements.slots}, {statements.waiters} TO {role}",
+            f" {statements.slots}, {statements.waiters}, {statements.entries},"
+            f" {statements.generations} TO {role}",
             f"GRANT USAGE ON SEQUENCE {statements.tokens}, {arrival}, {sem_arrival} TO {role}",
         ]
     return "".join(f"{part};\n" for part in parts)

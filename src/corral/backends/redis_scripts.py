@@ -20,16 +20,22 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+from corral.core.placement import CACHE_LOCK
 from corral.errors import ConfigError
 
 __all__ = [
     "ACQUIRE",
+    "CACHE_INVALIDATE",
+    "CACHE_RAISE_GENERATION",
+    "CACHE_READ",
+    "CACHE_READ_GIVEN_GENERATION",
     "DEFAULT_PREFIX",
     "EXTEND",
     "FORCE_RELEASE",
     "HEAD_PREFIX",
     "INSPECT",
     "LEAVE_QUEUE",
+    "REDLOCK_FENCE",
     "RELEASE",
     "SEM_ACQUIRE",
     "SEM_EXTEND",
@@ -39,6 +45,9 @@ __all__ = [
     "SEM_RELEASE",
     "LockKeys",
     "SemaphoreKeys",
+    "cache_gen_key",
+    "cache_key",
+    "cache_pattern",
     "check_prefix",
     "feed_channel",
     "lock_keys",
@@ -631,3 +640,217 @@ SEM_RELEASE = _fill_sem(SEM_RELEASE)
 SEM_EXTEND = _fill_sem(SEM_EXTEND)
 SEM_FORCE_RELEASE = _fill_sem(SEM_FORCE_RELEASE)
 SEM_LEAVE_QUEUE = _fill_sem(SEM_LEAVE_QUEUE)
+
+
+# -- cache entries ------------------------------------------------------------------
+#
+# An entry is a plain string with a PX expiry (the `keep` of `cache_store`), under
+# `<prefix>:cache:<key>`; a namespace's generation is a counter under
+# `<prefix>:cachegen:<gen_key>`, never expiring (losing it would bring back entries
+# written before a `clear`). Keys are escaped as lock names are: the escaped text holds
+# no "{" or "}", so a cache key never carries a hash tag and never meets a lock's or a
+# semaphore's keys (every one of which has one), and a lone surrogate can be sent. On
+# Redis Cluster an entry is `<prefix>:cache:{<its recompute lock's name>}` instead: the
+# tag puts it in its lock's slot, and the `cache:` before it keeps it apart from the
+# lock's own keys, which begin `<prefix>:{`.
+
+
+def cache_key(prefix: str, key: str, *, tagged: bool = False) -> str:
+    """The Redis key of cache entry `key`, e.g. `corral:cache:users:42`.
+
+    `tagged` (Redis Cluster) gives it the hash tag of the entry's recompute lock,
+    `corral:cache:{<lock name>}`, so a read that claims the lock touches one slot.
+    """
+    if tagged:
+        return f"{prefix}:cache:{{{_tag(CACHE_LOCK + key)}}}"
+    return f"{prefix}:cache:{_tag(key)}"
+
+
+def cache_gen_key(prefix: str, gen_key: str) -> str:
+    """The Redis key holding the generation of a cache namespace."""
+    return f"{prefix}:cachegen:{_tag(gen_key)}"
+
+
+_GLOB = re.compile(r"([*?\[\]\\])")
+
+
+def cache_pattern(prefix: str, key_prefix: str, *, tagged: bool = False) -> str:
+    """A SCAN MATCH pattern for the entries whose keys start with `key_prefix`.
+
+    The escaping maps each character on its own, so the escaped prefix is a prefix of
+    every escaped key that starts with it; glob characters are then quoted. A tagged
+    key's closing brace is left out: the prefix is a prefix of the text inside it.
+    """
+    stored = cache_key(prefix, key_prefix, tagged=tagged)
+    if tagged:
+        stored = stored[:-1]
+    return _GLOB.sub(r"\\\1", stored) + "*"
+
+
+# Lua shared by the cache scripts: the fields of an entry's header (corral.core.envelope),
+# or nil when the bytes are not an entry of format c1. Offsets are 1-based here: magic
+# 1-2, fresh_until 3-19, retry_until 20-36, delta 37-48, generation 49-64, codec 65,
+# newline 66. A field counts only when it is made of what `encode` writes (digits and a
+# dot) and parses: Python's float() would take a few more spellings (signs, spaces,
+# exponents) that no corral writer produces, and Lua's tonumber() would take hex.
+_HEADER = """
+local function header(v)
+  if not v or string.len(v) < 66 or string.sub(v, 1, 2) ~= 'c1'
+      or string.sub(v, 66, 66) ~= '\\n' or string.byte(v, 65) > 127 then
+    return nil
+  end
+  local fields = {}
+  for i, span in ipairs({{3, 19}, {20, 36}, {37, 48}, {49, 64}}) do
+    local text = string.sub(v, span[1], span[2])
+    local pattern = '^[0-9.]+$'
+    if i == 4 then pattern = '^[0-9]+$' end
+    if not string.find(text, pattern) then return nil end
+    fields[i] = tonumber(text)
+    if not fields[i] then return nil end
+  end
+  return fields
+end
+"""
+
+# KEYS: entry, generation, then (with a claim) the claimed lock's keys as ACQUIRE takes
+#       them (lock, fence, queue, queue_expiry, waiting) and the claiming owner's wake
+#       list (ACQUIRE's ARGV[4], declared here as the key it is)
+# ARGV: due_before (seconds, "" for no claim), then (with a claim) ACQUIRE's arguments
+#       but the wake list: owner, ttl (ms), queue ttl (""), the marker's life (ms)
+# Returns {entry or nil, generation or nil, -1} when nothing was claimed, else
+# {entry, generation, then ACQUIRE's answer: 1 and the token, or 0 and the holder's
+# PTTL (or -2)}.
+#
+# The entry is due, exactly as `envelope.claim_due` says, when it is missing, not an
+# entry of format c1, written under another generation, or neither fresh nor held back
+# by a remembered error at due_before. Then the claim is the lock's own acquisition:
+# ACQUIRE's text, run as a function with the lock's keys and arguments in place of the
+# script's, so its tokens, queue and wake-ups are the lock's and `release` wakes its
+# waiters as usual. MGET, not GET: a key of another type reads as missing, as it does
+# for `cache_fetch`, instead of failing the script.
+_CLAIMING = (
+    "if redis.replicate_commands then redis.replicate_commands() end\n"
+    + _HEADER
+    + "local function acquire(KEYS, ARGV)\n"
+    + ACQUIRE
+    + "\nend\n"
+)
+
+CACHE_READ = (
+    _CLAIMING
+    + """
+local found = redis.call('MGET', KEYS[1], KEYS[2])
+local entry, stored = found[1], found[2]
+if ARGV[1] == '' then return {entry, stored, -1} end
+local generation = tonumber(stored) or 0
+local fields = header(entry)
+if fields and fields[4] == generation
+    and math.max(fields[1], fields[2]) > tonumber(ARGV[1]) then
+  return {entry, stored, -1}
+end
+local attempt = acquire(
+  {KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]}, {ARGV[2], ARGV[3], ARGV[4], KEYS[8], ARGV[5]})
+return {entry, stored, attempt[1], attempt[2]}
+"""
+)
+
+# KEYS: entry
+# ARGV: keep (ms; 0 deletes)
+# Returns 1 when an entry was there (now stale, or deleted), else 0.
+#
+# fresh_until is rewritten in place (SETRANGE at offset 2) and everything else stays
+# byte for byte; bytes that are not an entry (or a key of another type) are deleted,
+# as is any entry when keep is 0. Only the header is read, never the value.
+CACHE_INVALIDATE = (
+    _HEADER
+    + """
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind == 'none' then return 0 end
+local keep = tonumber(ARGV[1])
+if keep > 0 and kind == 'string' and header(redis.call('GETRANGE', KEYS[1], 0, 65)) then
+  redis.call('SETRANGE', KEYS[1], 2, '0000000000.000000')
+  redis.call('PEXPIRE', KEYS[1], keep)
+  return 1
+end
+redis.call('DEL', KEYS[1])
+return 1
+"""
+)
+
+
+# -- quorum locks over independent masters (redis+redlock://) -------------------------
+
+# KEYS: lock, fence
+# ARGV: owner, token (the acquisition's: the largest its granting masters issued), ttl (ms)
+# Returns 1 when the owner still holds the lock here (now under that token), else 0.
+#
+# Raises this master's counter to at least the token, for as long as the lock's TTL
+# (never shortening a longer life), so its next token is larger, and rewrites the
+# owner's lock value with the token, so anyone who reads this master sees the
+# acquisition's token. Run on a majority, this is what keeps tokens increasing across
+# acquisitions whose majorities differ: any two majorities share a master.
+REDLOCK_FENCE = """
+local token = tonumber(ARGV[2])
+local fence = tonumber(redis.call('GET', KEYS[2])) or 0
+if fence < token then
+  local keep = math.max(redis.call('PTTL', KEYS[2]), tonumber(ARGV[3]))
+  redis.call('SET', KEYS[2], ARGV[2], 'PX', keep)
+end
+local value = redis.call('GET', KEYS[1])
+if not value then return 0 end
+local sep = string.find(value, ':', 1, true)
+if not sep or string.sub(value, sep + 1) ~= ARGV[1] then return 0 end
+local pttl = redis.call('PTTL', KEYS[1])
+-- Expiring this very millisecond (or, never here, kept without one): not stamped, so the
+-- write-back never leaves a grant without an expiry.
+if pttl <= 0 then return 0 end
+redis.call('SET', KEYS[1], ARGV[2] .. ':' .. ARGV[1], 'PX', pttl)
+return 1
+"""
+
+
+# -- a namespace's generation on every server of a pool ---------------------------------
+
+# KEYS: a namespace's generation
+# ARGV: at least this generation (decimal)
+# Returns the generation after the step, as text: max(the stored one, ARGV[1]). Text, not
+# a Lua number: a generation is an integer above 2^53 only in theory, but a float must
+# never round it. A value that is not a number is returned as it is, unchanged, for the
+# client to report (another program's key under the same prefix).
+CACHE_RAISE_GENERATION = """
+local stored = redis.call('GET', KEYS[1])
+if stored and not string.match(stored, '^%d+$') then return stored end
+local current = stored or '0'
+local wanted = ARGV[1]
+if #wanted > #current or (#wanted == #current and wanted > current) then
+  redis.call('SET', KEYS[1], wanted)
+  return wanted
+end
+return current
+"""
+
+# KEYS: entry, then the claimed lock's keys as ACQUIRE takes them (lock, fence, queue,
+#       queue_expiry, waiting) and the claiming owner's wake list
+# ARGV: due_before (seconds), owner, ttl (ms), queue ttl (""), the marker's life (ms),
+#       the namespace generation the caller takes as current
+# Returns {entry or nil, -1} when the entry is not due, else {entry, then ACQUIRE's
+# answer}.
+#
+# CACHE_READ for Redis Cluster, where the generation key lives in another slot than
+# the entry (a script may touch one slot only): the caller reads the generation beside
+# this script, in the same round trip, and says which generation it expects; it runs
+# the script again when the two differ (see the cluster backend's `cache_read`).
+CACHE_READ_GIVEN_GENERATION = (
+    _CLAIMING
+    + """
+local entry = redis.call('MGET', KEYS[1])[1]
+local fields = header(entry)
+if fields and fields[4] == tonumber(ARGV[6])
+    and math.max(fields[1], fields[2]) > tonumber(ARGV[1]) then
+  return {entry, -1}
+end
+local attempt = acquire(
+  {KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]}, {ARGV[2], ARGV[3], ARGV[4], KEYS[7], ARGV[5]})
+return {entry, attempt[1], attempt[2]}
+"""
+)

@@ -11,10 +11,20 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote, unquote
 
 from corral.errors import ConfigError
 
-__all__ = ["BACKENDS", "BackendSpec", "check_userinfo", "default_url", "redact", "resolve"]
+__all__ = [
+    "BACKENDS",
+    "POOLED",
+    "BackendSpec",
+    "check_userinfo",
+    "default_url",
+    "pool_hosts",
+    "redact",
+    "resolve",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,12 +49,19 @@ BACKENDS: dict[str, BackendSpec] = {
     "etcds": BackendSpec("etcd", "AsyncEtcdBackend", "etcd", ("httpx",)),
     "postgresql": BackendSpec("postgres", "AsyncPostgresBackend", "postgres", ("psycopg",)),
     "postgres": BackendSpec("postgres", "AsyncPostgresBackend", "postgres", ("psycopg",)),
+    "redis+redlock": BackendSpec("redlock", "AsyncRedlockBackend", "redis", ("redis",)),
+    "rediss+redlock": BackendSpec("redlock", "AsyncRedlockBackend", "redis", ("redis",)),
+    "redis+cluster": BackendSpec("redis_cluster", "AsyncRedisClusterBackend", "redis", ("redis",)),
+    "rediss+cluster": BackendSpec("redis_cluster", "AsyncRedisClusterBackend", "redis", ("redis",)),
 }
 
-PLANNED = {
-    "redis+cluster": "Redis Cluster",
-    "redis+redlock": "Redlock over independent Redis masters",
-}
+# Schemes whose URL may list several servers (`memcached://a:11211,b:11211`): a pool of
+# one-server backends, placed by a ring (`corral._async.backends.pool`).
+POOLED = ("memcached", "redis", "rediss")
+POOL = BackendSpec("pool", "AsyncPoolBackend", None)
+
+# Schemes named in the docs that this version does not offer yet.
+PLANNED: dict[str, str] = {}
 
 
 def default_url() -> str:
@@ -61,7 +78,10 @@ def resolve(url: str) -> BackendSpec:
         raise TypeError(f"url must be str, not {type(url).__name__}")
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
     if scheme in BACKENDS:
-        return BACKENDS[scheme]
+        spec = BACKENDS[scheme]
+        if scheme in POOLED and pool_hosts(url):
+            return BackendSpec(POOL.module, POOL.cls, spec.extra, spec.clients)
+        return spec
     if scheme in PLANNED:
         raise ConfigError(
             f"{redact(url)}: the {PLANNED[scheme]} backend is not available in this "
@@ -69,6 +89,14 @@ def resolve(url: str) -> BackendSpec:
         )
     known = ", ".join(f"{name}://" for name in BACKENDS)
     raise ConfigError(f"{redact(url)}: unknown or missing URL scheme; expected one of {known}")
+
+
+def pool_hosts(url: str) -> list[str]:
+    """The servers of a URL that lists several (`scheme://[user@]a:1,b:2/...`), else []."""
+    rest = url.partition("://")[2]
+    netloc = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    hosts = netloc.rpartition("@")[2]
+    return hosts.split(",") if "," in hosts else []
 
 
 def redact(url: str) -> str:
@@ -89,6 +117,13 @@ def redact(url: str) -> str:
         rest = f"{userinfo.split(':', 1)[0]}:***@{after}"
     before_query, question, query = rest.partition("?")
     query = re.sub(r"(?i)((?:ssl)?password=)[^&]*", r"\1***", query)
+    # A pool's gutter is a URL of its own, percent-encoded in the query when given as a
+    # keyword: its password is hidden the same way.
+    query = re.sub(
+        r"(?i)(gutter=)([^&]*)",
+        lambda m: m.group(1) + quote(redact(unquote(m.group(2))), safe=":/,*"),
+        query,
+    )
     return f"{scheme}://{before_query}{question}{query}"
 
 

@@ -65,6 +65,34 @@ every granted slot and every registration for semaphores. A file made by an
 earlier version gains these tables with its next write; a read of one that
 lacks them (`corral status`) answers "no slot taken" and creates nothing.
 
+**Cache entries.** An entry is a row of the `cache` table: its key (stored
+as a lock name is, see "Names"), its bytes, and the machine-clock reading
+and boot after which it is gone, like a lock row's. A namespace's generation
+is a row of `cache_gens`, which never expires. The two tables are apart from
+the lock and semaphore ones, so a key never meets a lock name, nor a
+namespace's generation a key. Reads are the hot path and take no write lock:
+`cache_fetch` is one SELECT (one per 500 keys, in one read transaction)
+that returns the generation and every live entry in one row, so processes
+read in parallel, and while another process writes. `cache_read` with a
+claim reads the same way; only when the entry is due for a recompute (the
+rule of `envelope.claim_due`) does it open a `BEGIN IMMEDIATE` transaction,
+read again there, and, if the entry is still due, try the lock with the
+very statements of `try_acquire`: the read and the claim are one atomic
+step, and the claim is a lock like any other (its token from the one
+counter). `cache_store` writes all its items in one transaction (`keep` is
+seconds by the machine clock, kept to the microsecond: nothing rounds);
+`cache_invalidate` reads the header in its transaction, and, when it is a
+corral header, writes `mark_stale`'s header over it, the rest of the bytes
+as they were, else deletes the row; `cache_clear` adds one to the
+generation's row in its transaction. Expired entries read as missing at
+once, and every write of entries deletes up to (its entries + `COLLECT`)
+dead ones through an index on (boot, expiry): this boot's expired ones and
+any of an earlier boot (which no read sees any more), so a reboot empties
+the cache over the next writes, never in one long transaction. Since every
+row comes from such a write, dead rows never pile up; a file nobody writes
+keeps what it has, and `clear` leaves the entries of older generations to
+expire (they are misses for everyone meanwhile).
+
 **Migration.** Stores made before the token counter kept one row per name in
 a `fences` table. Opening one for writing starts the counter above every
 token in `fences` and `locks` (so no token goes backwards), empties `fences`,
@@ -105,6 +133,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 import os
 import re
@@ -116,8 +145,9 @@ from typing import TypeVar
 
 from corral.backends.sqlite_connection import Busy, Closed, Connection, is_busy
 from corral.backends.sqlite_wake import Ringer, wake_up_payload
+from corral.core.envelope import HEADER_SIZE, claim_due, mark_stale
 from corral.core.options import Option, merge_options
-from corral.core.primitives import Attempt, LockInfo, Outcome, SemaphoreInfo
+from corral.core.primitives import Attempt, CacheRead, Claim, LockInfo, Outcome, SemaphoreInfo
 from corral.core.validate import check_timeout
 from corral.errors import BackendError, BackendUnavailable, ConfigError
 
@@ -146,6 +176,8 @@ SWEEP = 32
 # Expired queue places and registrations one granted acquisition or registration deletes:
 # more than one can leave behind, so expired rows never pile up.
 COLLECT = 8
+# Keys one statement of a cache fetch reads (each is a column of its one result row).
+FETCH_BATCH = 500
 
 URL_OPTIONS = (
     Option(
@@ -284,6 +316,8 @@ class _Statements:
         # Semaphores have tables of their own: a lock and a semaphore may share a name.
         slots, sem_queue = f"{prefix}sem_slots", f"{prefix}sem_queue"
         sem_waiters = f"{prefix}sem_waiters"
+        # Cache entries and namespace generations: keys apart from every lock name.
+        cache, generations = f"{prefix}cache", f"{prefix}cache_gens"
         self.sequence = sequence
         self.fences_guard = f"{prefix}fences_retired"
         # `expires_at` is a MachineClock reading, meaningful only in the boot `boot`;
@@ -329,6 +363,9 @@ class _Statements:
             f"{sem_queue}_expiry",
             sem_waiters,
             f"{sem_waiters}_expiry",
+            cache,
+            f"{cache}_expiry",
+            generations,
         )
         self.schema = (
             # `name` is declared TEXT, but a name that is not plain text is a BLOB
@@ -418,6 +455,21 @@ class _Statements:
             " PRIMARY KEY (name, address)"
             ") WITHOUT ROWID",
             f"CREATE INDEX IF NOT EXISTS {sem_waiters}_expiry ON {sem_waiters} (boot, expires_at)",
+            # Cache entries (see "Cache entries"): a rowid table, since values are often
+            # larger than SQLite keeps inline in a WITHOUT ROWID one. `key` is TEXT or
+            # BLOB as lock names are; `expires_at` and `boot` as in every other table.
+            f"CREATE TABLE IF NOT EXISTS {cache} ("
+            " key TEXT NOT NULL PRIMARY KEY,"
+            " data BLOB NOT NULL,"
+            " expires_at REAL NOT NULL,"
+            " boot TEXT NOT NULL"
+            ")",
+            f"CREATE INDEX IF NOT EXISTS {cache}_expiry ON {cache} (boot, expires_at)",
+            # A namespace's generation, bumped by `clear`; never expires (0 when absent).
+            f"CREATE TABLE IF NOT EXISTS {generations} ("
+            " key TEXT NOT NULL PRIMARY KEY,"
+            " generation INTEGER NOT NULL"
+            ") WITHOUT ROWID",
         )
 
         self.live_lock = (
@@ -566,6 +618,104 @@ class _Statements:
             )
         )
 
+        # -- cache entries (see "Cache entries") --
+        self.cache_table = cache
+        self._cache_live = live
+        self._generations = generations
+        self._fetch_sql: dict[int, str] = {}
+        self.cache_put = (
+            f"INSERT OR REPLACE INTO {cache} (key, data, expires_at, boot)"
+            " VALUES (:key, :data, :expires_at, :boot)"
+        )
+        self.cache_drop = f"DELETE FROM {cache} WHERE key = :key"
+        self.cache_drop_live = f"DELETE FROM {cache} WHERE key = :key AND {live}"
+        # The header alone, as bytes whatever a foreign writer stored.
+        self.cache_header = (
+            f"SELECT substr(CAST(data AS BLOB), 1, {HEADER_SIZE}) FROM {cache}"
+            f" WHERE key = :key AND {live}"
+        )
+        # A new header (`mark_stale`'s, of the one just read), the rest of the bytes as
+        # they were. `||` makes TEXT of its BLOBs, byte for byte; the CAST undoes that.
+        self.cache_restale = (
+            f"UPDATE {cache} SET"
+            f" data = CAST(:header || substr(CAST(data AS BLOB), {HEADER_SIZE + 1}) AS BLOB),"
+            " expires_at = :expires_at WHERE key = :key"
+        )
+        self.generation_start = (
+            f"INSERT OR IGNORE INTO {generations} (key, generation) VALUES (:key, 0)"
+        )
+        self.generation_bump = (
+            f"UPDATE {generations} SET generation = generation + 1 WHERE key = :key"
+        )
+        self.generation_read = f"SELECT generation FROM {generations} WHERE key = :key"
+        self.cache_count_all = f"SELECT count(*) FROM {cache} WHERE {live}"
+        # Keys that start with a prefix are a range of the key index: of the TEXT keys
+        # (when the prefix is text) and of the BLOB keys (see `key_ranges`). The unary
+        # `+` keeps SQLite from scanning every live entry by the expiry index instead.
+        live_by_key = live.replace("boot IN", "+boot IN").replace("expires_at", "+expires_at")
+        self.cache_count_range = (
+            f"SELECT (SELECT count(*) FROM {cache} WHERE key >= :text"
+            f" AND key < CAST(:text_end AS TEXT) AND {live_by_key}),"
+            f" (SELECT count(*) FROM {cache} WHERE key >= :blob AND key < :blob_end"
+            f" AND {live_by_key})"
+        )
+        # Up to :limit dead entries, each range one probe of the expiry index: this
+        # boot's expired ones, those of processes without a boot id, every entry of
+        # another boot.
+        if boot_known:
+            ranges: tuple[str, ...] = (
+                "boot = :boot AND expires_at <= :now",
+                "boot = '' AND expires_at <= :now",
+                "boot > '' AND boot < :boot",
+                "boot > :boot",
+            )
+        else:
+            ranges = ("expires_at <= :now",)
+        dead_entries = " UNION ALL ".join(
+            f"SELECT * FROM (SELECT rowid AS id FROM {cache} WHERE {where} LIMIT :limit)"
+            for where in ranges
+        )
+        self.cache_collect = (
+            f"DELETE FROM {cache} WHERE rowid IN (SELECT id FROM ({dead_entries}) LIMIT :limit)"
+        )
+
+    def cache_fetch(self, count: int) -> str:
+        """One row: the generation of `:gen_key`, then the live bytes of `:k0`... (or NULL)."""
+        statement = self._fetch_sql.get(count)
+        if statement is None:
+            entries = "".join(
+                f", (SELECT CAST(data AS BLOB) FROM {self.cache_table}"
+                f" WHERE key = :k{index} AND {self._cache_live})"
+                for index in range(count)
+            )
+            statement = self._fetch_sql[count] = (
+                f"SELECT COALESCE((SELECT generation FROM {self._generations}"
+                f" WHERE key = :gen_key), 0){entries}"
+            )
+        return statement
+
+
+def key_ranges(prefix: str) -> dict[str, object]:
+    """The bounds of the stored keys that start with `prefix` (for `cache_count_range`).
+
+    A key is stored as TEXT or as a BLOB of its UTF-8 bytes (see "Names"); either
+    way the stored bytes of a key start with those of `prefix` exactly when the key
+    starts with `prefix`, and SQLite orders both kinds by their bytes. So the keys
+    are those from the prefix's bytes up to the same bytes with the last one
+    incremented (UTF-8 never has a byte 0xFF to carry), among the TEXT keys (only
+    when the prefix can itself be one) and among the BLOB keys.
+    """
+    raw = prefix.encode("utf-8", "surrogatepass")
+    end = raw[:-1] + bytes([raw[-1] + 1])
+    text = stored_name(prefix)
+    as_text = isinstance(text, str)
+    return {
+        "text": text if as_text else None,
+        "text_end": end if as_text else None,
+        "blob": raw,
+        "blob_end": end,
+    }
+
 
 # -- the primitives ---------------------------------------------------------------
 
@@ -586,7 +736,11 @@ class _WakeUps:
 
 
 class SQLiteLocks:
-    """The lock primitives on one SQLite file, each one transaction; blocking."""
+    """The lock, semaphore and cache primitives on one SQLite file; blocking.
+
+    Every primitive that writes is one transaction; the reads take none of the
+    write lock.
+    """
 
     def __init__(self, options: SQLiteOptions, clock: MachineClock | None = None) -> None:
         self.path = options.path
@@ -636,9 +790,13 @@ class SQLiteLocks:
     # -- transactions and errors -------------------------------------------------
 
     @contextlib.contextmanager
-    def _errors(self, name: str, kind: str = "lock") -> Iterator[None]:
-        """SQLite's and the OS's errors as corral's, naming the lock, the file and a remedy."""
-        where = f"{kind} {name!r} on {self.server}"
+    def _errors(self, name: str, kind: str = "lock", more: int = 0) -> Iterator[None]:
+        """SQLite's and the OS's errors as corral's, naming the lock, the file and a remedy.
+
+        `more` says how many other names (cache keys) the call was about.
+        """
+        others = f" (and {more} more)" if more else ""
+        where = f"{kind} {name!r}{others} on {self.server}"
         try:
             yield
         except Closed:
@@ -682,6 +840,7 @@ class SQLiteLocks:
         name: str,
         body: Callable[[sqlite3.Connection, list[_WakeUps]], T],
         kind: str = "lock",
+        more: int = 0,
     ) -> T:
         """Run `body` as one `BEGIN IMMEDIATE` transaction: the whole primitive is atomic.
 
@@ -690,7 +849,7 @@ class SQLiteLocks:
         handed back.
         """
         wake_ups: list[_WakeUps] = []
-        with self._errors(name, kind), self._connection.lend(write=True) as conn:
+        with self._errors(name, kind, more), self._connection.lend(write=True) as conn:
             assert conn is not None
             conn.execute("BEGIN IMMEDIATE")
             self._forget_gone(conn)
@@ -737,50 +896,61 @@ class SQLiteLocks:
     # -- the primitives -----------------------------------------------------------
 
     def try_acquire(self, name: str, owner: str, ttl: float, queue_ttl: float | None) -> Attempt:
-        sql = self._sql
         key = stored_name(name)
 
         def attempt(conn: sqlite3.Connection, _: list[_WakeUps]) -> Attempt:
-            now = self.clock.now()  # read under the write lock, as in every primitive
-            p = self._params(key, owner, now)
-            if queue_ttl is not None:
-                conn.execute(sql.purge_queue, p)
-                place = {**p, "expires_at": now + queue_ttl}
-                if conn.execute(sql.refresh_place, place).rowcount == 0:
-                    conn.execute(sql.join_queue, place)
-            row = conn.execute(sql.probe, p).fetchone()
-            if row is None:
-                raise _NoCounter
-            expires_at, queued, last, boot, sweep, any_expired = row
-            if expires_at is not None:
-                return Attempt(False, holder_ttl=expires_at - now)
-            if queued:
-                if queue_ttl is None:
-                    conn.execute(sql.purge_queue, p)
-                head = conn.execute(sql.queue_head, p).fetchone()
-                first = None if head is None else head[0]
-                # A fair attempt goes only from the head; any other yields to a live head.
-                if first != owner and (queue_ttl is not None or first is not None):
-                    return Attempt(False)
-                conn.execute(sql.leave_queue, p)
-            token = last + 1
-            if boot != self.clock.boot_id and self.clock.boot_id:
-                for statement in sql.forget_earlier_boots:
-                    conn.execute(statement, p)
-                boot = self.clock.boot_id
-            swept = {**p, "sweep": sweep}
-            seen, last_seen, expired = conn.execute(sql.sweep, swept).fetchone()
-            if expired:
-                conn.execute(sql.sweep_expired, swept)
-            # A short batch means the end of the table: the next sweep starts over.
-            swept["sweep"] = last_seen if seen == SWEEP else ""
-            conn.execute(sql.next_token, {**swept, "token": token, "file_boot": boot})
-            conn.execute(sql.set_lock, {**p, "token": token, "expires_at": now + ttl})
-            if any_expired:
-                self._collect(conn, p)
-            return Attempt(True, token=token)
+            return self._attempt(conn, key, owner, ttl, queue_ttl)
 
         return self._write(name, attempt)
+
+    def _attempt(
+        self,
+        conn: sqlite3.Connection,
+        key: str | bytes,
+        owner: str,
+        ttl: float,
+        queue_ttl: float | None,
+    ) -> Attempt:
+        """`try_acquire`'s body, in a write transaction the caller opened."""
+        sql = self._sql
+        now = self.clock.now()  # read under the write lock, as in every primitive
+        p = self._params(key, owner, now)
+        if queue_ttl is not None:
+            conn.execute(sql.purge_queue, p)
+            place = {**p, "expires_at": now + queue_ttl}
+            if conn.execute(sql.refresh_place, place).rowcount == 0:
+                conn.execute(sql.join_queue, place)
+        row = conn.execute(sql.probe, p).fetchone()
+        if row is None:
+            raise _NoCounter
+        expires_at, queued, last, boot, sweep, any_expired = row
+        if expires_at is not None:
+            return Attempt(False, holder_ttl=expires_at - now)
+        if queued:
+            if queue_ttl is None:
+                conn.execute(sql.purge_queue, p)
+            head = conn.execute(sql.queue_head, p).fetchone()
+            first = None if head is None else head[0]
+            # A fair attempt goes only from the head; any other yields to a live head.
+            if first != owner and (queue_ttl is not None or first is not None):
+                return Attempt(False)
+            conn.execute(sql.leave_queue, p)
+        token = last + 1
+        if boot != self.clock.boot_id and self.clock.boot_id:
+            for statement in sql.forget_earlier_boots:
+                conn.execute(statement, p)
+            boot = self.clock.boot_id
+        swept = {**p, "sweep": sweep}
+        seen, last_seen, expired = conn.execute(sql.sweep, swept).fetchone()
+        if expired:
+            conn.execute(sql.sweep_expired, swept)
+        # A short batch means the end of the table: the next sweep starts over.
+        swept["sweep"] = last_seen if seen == SWEEP else ""
+        conn.execute(sql.next_token, {**swept, "token": token, "file_boot": boot})
+        conn.execute(sql.set_lock, {**p, "token": token, "expires_at": now + ttl})
+        if any_expired:
+            self._collect(conn, p)
+        return Attempt(True, token=token)
 
     def release(self, name: str, owner: str, hold_for: float) -> Outcome:
         sql = self._sql
@@ -1013,6 +1183,171 @@ class SQLiteLocks:
             return let_in
 
         return self._write(name, leave, "semaphore")
+
+    # -- cache entries ------------------------------------------------------------
+
+    def cache_fetch(self, keys: Sequence[str], gen_key: str) -> tuple[list[bytes | None], int]:
+        """The live bytes of each key and the namespace's generation: a plain read.
+
+        No write lock (WAL readers never wait for writers), and nothing is
+        created: a file or tables that do not exist yet hold no entries.
+        """
+        stored = [stored_name(key) for key in keys]
+        first = keys[0] if keys else gen_key
+        with self._errors(first, "cache key", max(0, len(keys) - 1)):
+            try:
+                with self._connection.lend(write=False) as conn:
+                    if conn is None:
+                        return [None] * len(keys), 0
+                    return self._fetch(conn, stored, stored_name(gen_key), self.clock.now())
+            except sqlite3.OperationalError as exc:
+                if "no such table" in str(exc):
+                    return [None] * len(keys), 0  # no entry was ever stored here
+                raise
+
+    def _fetch(
+        self,
+        conn: sqlite3.Connection,
+        keys: Sequence[str | bytes],
+        gen_key: str | bytes,
+        now: float,
+    ) -> tuple[list[bytes | None], int]:
+        """One statement per FETCH_BATCH keys; several in one read transaction."""
+        p: dict[str, object] = {"gen_key": gen_key, "boot": self.clock.boot_id, "now": now}
+        batches = [keys[i : i + FETCH_BATCH] for i in range(0, len(keys), FETCH_BATCH)] or [[]]
+        several = len(batches) > 1 and not conn.in_transaction
+        if several:
+            conn.execute("BEGIN")  # deferred: a snapshot, not the write lock
+        found: list[bytes | None] = []
+        generation = 0
+        for batch in batches:
+            row = conn.execute(
+                self._sql.cache_fetch(len(batch)),
+                {**p, **{f"k{index}": key for index, key in enumerate(batch)}},
+            ).fetchone()
+            generation = int(row[0])
+            found.extend(row[1:])
+        if several:
+            conn.execute("COMMIT")
+        return found, generation
+
+    def cache_read(self, key: str, gen_key: str, claim: Claim | None) -> CacheRead:
+        """Read; only an entry due for a recompute takes the write lock, then reads again
+        and tries the claim in that one transaction (see "Cache entries")."""
+        (entry,), generation = self.cache_fetch([key], gen_key)
+        if claim is None or not claim_due(entry, generation, claim.due_before):
+            return CacheRead(entry, generation)
+        stored, stored_gen, lock = stored_name(key), stored_name(gen_key), stored_name(claim.lock)
+
+        def read_and_claim(conn: sqlite3.Connection, _: list[_WakeUps]) -> CacheRead:
+            (entry,), generation = self._fetch(conn, [stored], stored_gen, self.clock.now())
+            if not claim_due(entry, generation, claim.due_before):
+                return CacheRead(entry, generation)  # written meanwhile: nothing to claim
+            attempt = self._attempt(conn, lock, claim.owner, claim.ttl, None)
+            return CacheRead(entry, generation, attempt)
+
+        return self._write(key, read_and_claim, "cache key")
+
+    def cache_store(self, items: Sequence[tuple[str, bytes, float]]) -> None:
+        if not items:
+            return
+        sql = self._sql
+
+        def store(conn: sqlite3.Connection, _: list[_WakeUps]) -> None:
+            now = self.clock.now()
+            boot = self.clock.boot_id
+            # In the order given (a key may come twice), each run of writes or of
+            # deletions as one executemany.
+            for kept, run in itertools.groupby(items, key=lambda item: item[2] > 0):
+                if kept:
+                    rows = [
+                        {
+                            "key": stored_name(key),
+                            "data": data,
+                            "expires_at": now + keep,
+                            "boot": boot,
+                        }
+                        for key, data, keep in run
+                    ]
+                    conn.executemany(sql.cache_put, rows)
+                else:
+                    conn.executemany(sql.cache_drop, [{"key": stored_name(k)} for k, _, _ in run])
+            self._collect_entries(conn, now, len(items))
+
+        self._write(items[0][0], store, "cache key", len(items) - 1)
+
+    def _collect_entries(self, conn: sqlite3.Connection, now: float, written: int) -> None:
+        """Delete dead entries: more than the write that calls this can leave behind."""
+        limit = written + COLLECT
+        conn.execute(
+            self._sql.cache_collect, {"boot": self.clock.boot_id, "now": now, "limit": limit}
+        )
+
+    def cache_delete(self, key: str) -> bool:
+        sql = self._sql
+        stored = stored_name(key)
+
+        def delete(conn: sqlite3.Connection, _: list[_WakeUps]) -> bool:
+            now = self.clock.now()
+            p = {"key": stored, "boot": self.clock.boot_id, "now": now}
+            found = conn.execute(sql.cache_drop_live, p).rowcount > 0
+            if not found:
+                conn.execute(sql.cache_drop, p)  # a dead row, if any
+            self._collect_entries(conn, now, 1)
+            return found
+
+        return self._write(key, delete, "cache key")
+
+    def cache_invalidate(self, key: str, keep: float) -> bool:
+        sql = self._sql
+        stored = stored_name(key)
+
+        def invalidate(conn: sqlite3.Connection, _: list[_WakeUps]) -> bool:
+            now = self.clock.now()
+            p = {"key": stored, "boot": self.clock.boot_id, "now": now}
+            row = conn.execute(sql.cache_header, p).fetchone()
+            if row is None:
+                conn.execute(sql.cache_drop, p)  # a dead row, if any
+                return False
+            # Not ours (or keep <= 0): deleted, as `mark_stale` cannot say what is fresh.
+            header = mark_stale(row[0]) if keep > 0 else None
+            if header is None:
+                conn.execute(sql.cache_drop, p)
+            else:
+                conn.execute(sql.cache_restale, {**p, "header": header, "expires_at": now + keep})
+            self._collect_entries(conn, now, 1)
+            return True
+
+        return self._write(key, invalidate, "cache key")
+
+    def cache_clear(self, gen_key: str) -> int:
+        sql = self._sql
+        p = {"key": stored_name(gen_key)}
+
+        def clear(conn: sqlite3.Connection, _: list[_WakeUps]) -> int:
+            conn.execute(sql.generation_start, p)
+            conn.execute(sql.generation_bump, p)
+            return int(conn.execute(sql.generation_read, p).fetchone()[0])
+
+        return self._write(gen_key, clear, "cache generation")
+
+    def cache_count(self, key_prefix: str) -> int:
+        """How many live entries have keys that start with `key_prefix`; a plain read."""
+        with self._errors(key_prefix, "cache keys starting with"):
+            try:
+                with self._connection.lend(write=False) as conn:
+                    if conn is None:
+                        return 0
+                    p: dict[str, object] = {"boot": self.clock.boot_id, "now": self.clock.now()}
+                    if not key_prefix:
+                        return int(conn.execute(self._sql.cache_count_all, p).fetchone()[0])
+                    p.update(key_ranges(key_prefix))
+                    texts, blobs = conn.execute(self._sql.cache_count_range, p).fetchone()
+                    return int(texts) + int(blobs)
+            except sqlite3.OperationalError as exc:
+                if "no such table" in str(exc):
+                    return 0
+                raise
 
     def register(
         self, names: Sequence[str], address: bytes, ttl: float, *, semaphore: bool = False

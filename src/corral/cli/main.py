@@ -1,7 +1,7 @@
 """The entry point: parse the command line, dispatch, turn expected errors into exit statuses.
 
 Kept to dispatch only, so that every command (`run`, `elect`, `status`, `release`,
-and later `cache`, `lab`, `bench`) is a module that registers itself
+`cache`, `lab`, and later `bench`) is a module that registers itself
 through `add_parser(subparsers)`.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 import corral
-from corral.cli import _common, elect, release, run, status
+from corral.cli import _common, cache, elect, lab, release, run, status
 from corral.errors import CorralError, LockError
 
 __all__ = ["build_parser", "main"]
@@ -22,7 +22,7 @@ __all__ = ["build_parser", "main"]
 # One module per subcommand, in the order --help lists them. A module defines
 # NAME, add_parser(subparsers) (which sets `handler` on its parser) and, when it
 # runs a command given after `--`, TAKES_COMMAND = True.
-COMMANDS: tuple[ModuleType, ...] = (run, elect, status, release)
+COMMANDS: tuple[ModuleType, ...] = (run, elect, status, release, cache, lab)
 
 EPILOG = f"""\
 exit status (every command):

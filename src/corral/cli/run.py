@@ -167,13 +167,20 @@ class _LockLease(Lease):
             self.handle = store.semaphore(
                 name, limit, ttl, wait=wait, auto_renew=True, on_lost=self.lost
             )
+        # The handle forgets a lost acquisition once a release has reported the loss;
+        # the message about the loss, written by another thread, still names its token.
+        self._granted: int | None = None
 
     @property
     def token(self) -> int | None:
-        return self.handle.token
+        current = self.handle.token
+        return current if current is not None else self._granted
 
     def acquire(self) -> bool:
-        return self.handle.acquire()
+        granted = self.handle.acquire()
+        if granted:
+            self._granted = self.handle.token
+        return granted
 
     def release(self, hold_for: float = 0.0) -> None:
         self.handle.release(hold_for=hold_for)

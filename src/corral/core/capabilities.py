@@ -47,3 +47,6 @@ class Capabilities:
     semaphores: str = ""
     """How a semaphore's slots are kept, in one phrase; empty where `store.semaphore()`
     is not available (yet) on this backend."""
+    cache: str = ""
+    """How cache entries are kept and read, in one phrase; empty where `store.cache()`
+    is not available (yet) on this backend."""

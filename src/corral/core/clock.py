@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
-__all__ = ["Clock", "FakeClock", "SystemClock"]
+__all__ = ["Clock", "FakeClock", "SystemClock", "WallClock"]
 
 
 class Clock(Protocol):
@@ -19,6 +19,14 @@ class SystemClock:
 
     def now(self) -> float:
         return time.monotonic()
+
+
+class WallClock:
+    """Seconds since the epoch: what cache entries' freshness is written in, so that
+    every process (and machine) reading an entry can judge it."""
+
+    def now(self) -> float:
+        return time.time()
 
 
 class FakeClock:

@@ -153,10 +153,17 @@ class RenewalSchedule:
     request was sent, so it can only under-estimate the server's expiry.
     """
 
-    def __init__(self, ttl: float, acquired_at: float, backoff: Backoff | None = None) -> None:
+    def __init__(
+        self,
+        ttl: float,
+        acquired_at: float,
+        backoff: Backoff | None = None,
+        valid_for: float | None = None,
+    ) -> None:
         self.ttl = ttl
         self.interval = ttl / 3
-        self.valid_until = acquired_at + ttl
+        # A grant may be promised for less than its ttl (a quorum's drift allowance).
+        self.valid_until = acquired_at + (ttl if valid_for is None else min(ttl, valid_for))
         self.due = acquired_at + self.interval
         self._backoff = backoff or Backoff(initial=min(0.05, ttl / 30), cap=max(ttl / 10, 0.001))
 

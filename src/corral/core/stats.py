@@ -16,7 +16,15 @@ from typing import Any
 
 from corral.core.forks import ProcessLock
 
-__all__ = ["LOCK_COUNTERS", "LOCK_HISTOGRAMS", "Histogram", "Metrics", "StoreStats"]
+__all__ = [
+    "CACHE_COUNTERS",
+    "CACHE_HISTOGRAMS",
+    "LOCK_COUNTERS",
+    "LOCK_HISTOGRAMS",
+    "Histogram",
+    "Metrics",
+    "StoreStats",
+]
 
 # Seconds: from a fast handoff on one machine to a long wait or a long job.
 SECONDS_BUCKETS: tuple[float, ...] = (
@@ -51,6 +59,22 @@ LOCK_COUNTERS: Mapping[str, str] = {
 LOCK_HISTOGRAMS: Mapping[str, str] = {
     "wait_seconds": "time from acquire() to the grant, for granted acquisitions",
     "hold_seconds": "time from the grant to the release",
+}
+
+CACHE_COUNTERS: Mapping[str, str] = {
+    "hits": "fresh values returned (from the store or the near cache)",
+    "local_hits": "of the hits, those served by the near cache (local_ttl) without a round trip",
+    "misses": "reads that found no usable entry",
+    "stale_served": "stale values returned (while another caller recomputes, or after an error)",
+    "early_recomputes": "recomputes started before expiry (XFetch)",
+    "computes": "calls of compute() that returned a value",
+    "compute_errors": "calls of compute() that raised",
+    "lock_waits": "callers that waited for another caller's computation",
+    "lock_timeouts": "waits for another caller's computation that ran out (lock_wait)",
+    "backend_errors": "reads and writes the server failed (the call went on without the cache)",
+}
+CACHE_HISTOGRAMS: Mapping[str, str] = {
+    "compute_seconds": "how long compute() took, for calls that returned a value",
 }
 
 
@@ -93,6 +117,12 @@ class Metrics:
     def add(self, counter: str, amount: int = 1) -> None:
         with self._mutex:
             self._counters[counter] += amount
+
+    def add_each(self, counters: tuple[str, ...]) -> None:
+        """Add one to each of `counters`, under one lock (a hot path counts two at once)."""
+        with self._mutex:
+            for counter in counters:
+                self._counters[counter] += 1
 
     def observe(self, histogram: str, value: float) -> None:
         with self._mutex:

@@ -38,10 +38,10 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 from urllib.parse import quote
 
 __all__ = [
@@ -55,6 +55,7 @@ __all__ = [
     "ProcessInfo",
     "RedisServer",
     "ServerError",
+    "ServerPool",
     "ServerProcess",
     "ServerStartError",
     "ServerUnavailable",
@@ -73,8 +74,11 @@ __all__ = [
     "start_etcd",
     "start_etcd_cluster",
     "start_memcached",
+    "start_memcached_pool",
     "start_postgres",
     "start_redis",
+    "start_redis_masters",
+    "start_redis_pool",
     "stop_all",
     "wait_gone",
 ]
@@ -1645,6 +1649,9 @@ class PostgresServer(ServerProcess):
             "-c", "fsync=off",
             "-c", "synchronous_commit=off",
             "-c", "full_page_writes=off",
+            # Tests open many stores at once (40 clients each with its own pool in the
+            # cache stampede test); the default 100 connections is not enough.
+            "-c", "max_connections=300",
             *self._tls_command(),
         ]  # fmt: skip
 
@@ -1709,3 +1716,418 @@ def start_postgres(
         _server_dir(workdir, "postgres"), free_port(), tls=tls, startup_timeout=startup_timeout
     )
     return _start_with_port_retries(server)
+
+
+# --------------------------------------------------------------------------- Redlock
+
+
+class RedisMaster(RedisServer):
+    """A redis-server that keeps its data across a crash: AOF, fsynced at every write.
+
+    Redlock's safety rests on a restarted master remembering the locks (and the
+    fencing counters) it granted, so these masters can be SIGKILLed and restarted
+    by the fault tests without forgetting anything.
+    """
+
+    def _command(self) -> list[str]:
+        cmd = super()._command()
+        at = cmd.index("--appendonly")
+        cmd[at + 1] = "yes"
+        return [*cmd, "--appendfsync", "always"]
+
+
+class RedisMasters:
+    """Independent Redis masters for `redis+redlock://`; each one is in `masters`."""
+
+    def __init__(self, masters: Sequence[RedisMaster]) -> None:
+        self.masters = list(masters)
+
+    @property
+    def url(self) -> str:
+        return "redis+redlock://" + ",".join(f"{m.host}:{m.port}" for m in self.masters)
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+        for master in self.masters:
+            master.stop(timeout)
+
+    def pause(self) -> None:
+        """SIGSTOP every master: none of them answers."""
+        for master in self.masters:
+            master.pause()
+
+    def resume(self) -> None:
+        for master in self.masters:
+            master.resume()
+
+    def kill(self) -> None:
+        for master in self.masters:
+            master.kill()
+
+    def __enter__(self) -> RedisMasters:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"<RedisMasters {self.url}>"
+
+
+def start_redis_masters(
+    workdir: Path, n: int = 3, *, startup_timeout: float = STARTUP_TIMEOUT
+) -> RedisMasters:
+    """Start `n` independent redis-servers (no replication between them), each persistent."""
+    started: list[RedisMaster] = []
+    try:
+        for _ in range(n):
+            master = RedisMaster(
+                _server_dir(workdir, "redis"), free_port(), startup_timeout=startup_timeout
+            )
+            started.append(_start_with_port_retries(master))
+    except BaseException:
+        for master in started:
+            master.kill()
+        raise
+    return RedisMasters(started)
+
+
+# --------------------------------------------------------------------------- pools
+
+
+class ServerPool:
+    """Independent servers of one kind that a client spreads keys over (a corral pool)."""
+
+    def __init__(self, members: list[MemcachedServer] | list[RedisServer], url: str) -> None:
+        self.members: list[Any] = list(members)
+        self._url = url
+
+    @property
+    def url(self) -> str:
+        """Every member in one URL: ``memcached://h:p1,h:p2`` or ``redis://h:p1,h:p2/0``."""
+        return self._url
+
+    @property
+    def hosts(self) -> list[str]:
+        """Each member as ``host:port``, the name a corral pool's ring gives it."""
+        return [f"{member.host}:{member.port}" for member in self.members]
+
+    def member(self, server: str) -> Any:
+        """The member a ring names ``host:port``."""
+        return self.members[self.hosts.index(server)]
+
+    def start(self) -> None:
+        """Start every member again (each on its port), as after `stop`."""
+        for member in self.members:
+            member.start()
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+        for member in self.members:
+            member.stop(timeout)
+
+    def pause(self) -> None:
+        """SIGSTOP every member: the whole pool stops answering at once."""
+        for member in self.members:
+            member.pause()
+
+    def resume(self) -> None:
+        for member in self.members:
+            member.resume()
+
+    def kill(self) -> None:
+        for member in self.members:
+            member.kill()
+
+    def __repr__(self) -> str:
+        return f"<ServerPool {self.url}>"
+
+
+def _start_pool(starts: list[Callable[[], Any]]) -> list[Any]:
+    started: list[Any] = []
+    try:
+        for start in starts:
+            started.append(start())
+    except BaseException:
+        for member in started:
+            member.stop()
+        raise
+    return started
+
+
+def start_memcached_pool(workdir: Path, count: int = 5) -> ServerPool:
+    """Start `count` memcached servers, for a ``memcached://a,b,...`` pool."""
+    members = _start_pool([lambda: start_memcached(workdir) for _ in range(count)])
+    hosts = ",".join(f"{m.host}:{m.port}" for m in members)
+    return ServerPool(members, f"memcached://{hosts}")
+
+
+def start_redis_pool(workdir: Path, count: int = 3) -> ServerPool:
+    """Start `count` independent redis servers, for a ``redis://a,b,.../0`` pool."""
+    members = _start_pool([lambda: start_redis(workdir) for _ in range(count)])
+    hosts = ",".join(f"{m.host}:{m.port}" for m in members)
+    return ServerPool(members, f"redis://{hosts}/0")
+
+
+# --------------------------------------------------------------------------- Redis Cluster
+
+# Slots a cluster divides among its masters (Redis Cluster's fixed number).
+REDIS_CLUSTER_SLOTS = 16384
+
+
+class RedisClusterNode(RedisServer):
+    """One redis-server with `cluster-enabled yes`, its cluster bus on a port of its own.
+
+    The bus port is chosen like the client port (Redis would otherwise take
+    port + 10000, which may be taken or past 65535). The node timeout is short
+    so that a killed master's replica takes over within a few seconds.
+    """
+
+    kind = "redis-cluster"
+
+    def __init__(
+        self,
+        workdir: Path,
+        port: int,
+        *,
+        bus_port: int,
+        node_timeout_ms: int = 1000,
+        ca: tuple[Path, Path] | None = None,
+        startup_timeout: float = STARTUP_TIMEOUT,
+    ) -> None:
+        super().__init__(workdir, port, tls=ca is not None, startup_timeout=startup_timeout)
+        self.bus_port = bus_port
+        self.node_timeout_ms = node_timeout_ms
+        self.node_id = ""
+        # With TLS every node's certificate comes from one CA: nodes verify each other.
+        self._shared_ca = ca
+
+    def _prepare(self) -> None:
+        if self._shared_ca is not None:
+            self.ca_file, self._ca_key, self.cert_file, self.key_file = _make_tls_files(
+                self.workdir, ca=self._shared_ca
+            )
+
+    def _command(self) -> list[str]:
+        tls = ["--tls-cluster", "yes", "--tls-replication", "yes"] if self.tls else []
+        return [
+            *super()._command(),
+            "--cluster-enabled", "yes",
+            "--cluster-config-file", str(self.workdir / "nodes.conf"),
+            "--cluster-node-timeout", str(self.node_timeout_ms),
+            "--cluster-port", str(self.bus_port),
+            *tls,
+        ]  # fmt: skip
+
+    def _reassign_ports(self) -> None:
+        self.port, self.bus_port = _free_ports(2)
+
+    def call(self, *args: str, timeout: float = 2.0) -> str:
+        """One command's reply as text (for the fixture and fault tests)."""
+        return self._call(*args, timeout=timeout).decode(errors="replace")
+
+    def cluster_info(self) -> dict[str, str]:
+        lines = self.call("CLUSTER", "INFO").splitlines()
+        return dict(line.split(":", 1) for line in lines if ":" in line)
+
+    def nodes(self) -> list[list[str]]:
+        """`CLUSTER NODES` as this node sees it, a list of fields per node."""
+        return [line.split() for line in self.call("CLUSTER", "NODES").splitlines() if line]
+
+
+class RedisClusterServers:
+    """Masters and replicas forming one Redis Cluster; kill a master to test failover."""
+
+    def __init__(self, masters: list[RedisClusterNode], replicas: list[RedisClusterNode]) -> None:
+        self.masters = masters
+        self.replicas = replicas
+
+    @property
+    def nodes(self) -> list[RedisClusterNode]:
+        return [*self.masters, *self.replicas]
+
+    @property
+    def url(self) -> str:
+        """Every node as a seed: ``redis+cluster://h:p1,h:p2,...`` (``rediss+cluster://``
+        with TLS, whose clients need ``ssl_ca_certs=`` the nodes' ``ca_file``)."""
+        scheme = "rediss+cluster" if self.masters[0].tls else "redis+cluster"
+        return f"{scheme}://" + ",".join(f"{n.host}:{n.port}" for n in self.nodes)
+
+    @property
+    def ca_file(self) -> Path | None:
+        """The CA every node's certificate comes from (TLS only)."""
+        return self.masters[0].ca_file
+
+    def running(self) -> list[RedisClusterNode]:
+        return [node for node in self.nodes if node.is_running]
+
+    def master_of(self, slot: int) -> RedisClusterNode:
+        """The node serving `slot` now, as the running nodes see it."""
+        by_id = {node.node_id: node for node in self.nodes}
+        for line in self.running()[0].nodes():
+            if "master" not in line[2] or "fail" in line[2]:
+                continue
+            for span in line[8:]:
+                if span.startswith("["):
+                    continue  # a slot being migrated
+                low, _, high = span.partition("-")
+                if int(low) <= slot <= int(high or low):
+                    return by_id[line[0]]
+        raise ServerError(f"no master serves slot {slot}")
+
+    def keyslot(self, key: str) -> int:
+        return int(self.running()[0].call("CLUSTER", "KEYSLOT", key))
+
+    def wait_ok(self, timeout: float = STARTUP_TIMEOUT) -> None:
+        """Wait until every running node sees the cluster whole (`cluster_state:ok`),
+        every slot served, and the same masters."""
+        deadline = time.monotonic() + timeout
+        last = ""
+        while True:
+            try:
+                nodes = self.running()
+                infos = [node.cluster_info() for node in nodes]
+                views = {
+                    tuple(sorted(line[0] for line in node.nodes() if "master" in line[2]
+                                 and "fail" not in line[2] and len(line) > 8))
+                    for node in nodes
+                }  # fmt: skip
+                if len(views) == 1 and all(
+                    info.get("cluster_state") == "ok"
+                    and info.get("cluster_slots_ok") == str(REDIS_CLUSTER_SLOTS)
+                    for info in infos
+                ):
+                    return
+                last = repr(infos[0])
+            except (OSError, _RedisReplyError) as exc:
+                last = repr(exc)
+            if time.monotonic() >= deadline:
+                raise ServerStartError(f"Redis Cluster not ok within {timeout:g} s: {last}")
+            time.sleep(0.05)
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+        for node in self.nodes:
+            node.stop(timeout)
+
+    def start(self) -> None:
+        """Start every stopped node again on its ports; each reads the cluster's layout
+        back from its nodes.conf (the data is gone: no persistence). Returns once the
+        cluster is whole again."""
+        for node in self.nodes:
+            node.start()
+        self.wait_ok()
+
+    def kill(self) -> None:
+        for node in self.nodes:
+            node.kill()
+
+    def pause(self) -> None:
+        """SIGSTOP every node: the whole cluster stops answering at once."""
+        for node in self.nodes:
+            node.pause()
+
+    def resume(self) -> None:
+        for node in self.nodes:
+            node.resume()
+
+    def __enter__(self) -> RedisClusterServers:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"<RedisClusterServers {self.url}>"
+
+
+def _form_redis_cluster(masters: list[RedisClusterNode], replicas: list[RedisClusterNode]) -> None:
+    """What `redis-cli --cluster create --cluster-replicas 1` does, by hand: slots in equal
+    ranges to the masters, distinct config epochs, MEET, then each replica follows one master.
+    """
+    nodes = [*masters, *replicas]
+    for node in nodes:
+        node.node_id = node.call("CLUSTER", "MYID")
+    share = REDIS_CLUSTER_SLOTS // len(masters)
+    for i, master in enumerate(masters):
+        low = i * share
+        high = REDIS_CLUSTER_SLOTS - 1 if i == len(masters) - 1 else low + share - 1
+        master.call("CLUSTER", "ADDSLOTSRANGE", str(low), str(high))
+    for epoch, node in enumerate(nodes, start=1):
+        node.call("CLUSTER", "SET-CONFIG-EPOCH", str(epoch))
+    first = nodes[0]
+    for node in nodes[1:]:
+        first.call("CLUSTER", "MEET", node.host, str(node.port), str(node.bus_port))
+    deadline = time.monotonic() + STARTUP_TIMEOUT
+    ids = {node.node_id for node in nodes}
+    while True:
+        # A replica can follow only a master it knows (the handshake done).
+        if all(
+            {line[0] for line in node.nodes() if "handshake" not in line[2]} >= ids
+            for node in replicas
+        ):
+            break
+        if time.monotonic() >= deadline:
+            raise ServerStartError("Redis Cluster nodes did not meet in time")
+        time.sleep(0.05)
+    for master, replica in zip(masters, replicas, strict=True):
+        replica.call("CLUSTER", "REPLICATE", master.node_id)
+
+
+def start_redis_cluster(
+    workdir: Path,
+    *,
+    masters: int = 3,
+    node_timeout_ms: int = 1000,
+    tls: bool = False,
+    startup_timeout: float = STARTUP_TIMEOUT,
+) -> RedisClusterServers:
+    """Start a Redis Cluster of `masters` masters, each with one replica, on free ports.
+
+    Returns once every node sees `cluster_state:ok` and every replica's link to its
+    master is up, so a failover has a replica to promote. With `tls`, clients, the
+    cluster bus and replication all speak TLS, with certificates from one CA.
+    """
+    count = 2 * masters
+    nodes: list[RedisClusterNode] = []
+    ca: tuple[Path, Path] | None = None
+    if tls:
+        ca_dir = _server_dir(workdir, "redis-cluster-ca")
+        ca_file, ca_key, _, _ = _make_tls_files(ca_dir)
+        ca = (ca_file, ca_key)
+    try:
+        ports = _free_ports(2 * count)
+        for i in range(count):
+            nodes.append(
+                RedisClusterNode(
+                    _server_dir(workdir, "redis-cluster"),
+                    ports[2 * i],
+                    bus_port=ports[2 * i + 1],
+                    node_timeout_ms=node_timeout_ms,
+                    ca=ca,
+                    startup_timeout=startup_timeout,
+                )
+            )
+        for node in nodes:
+            _start_with_port_retries(node)
+        cluster = RedisClusterServers(nodes[:masters], nodes[masters:])
+        _form_redis_cluster(cluster.masters, cluster.replicas)
+        cluster.wait_ok(startup_timeout)
+        deadline = time.monotonic() + startup_timeout
+        for replica in cluster.replicas:
+            while b"master_link_status:up" not in replica._call("INFO", "replication"):
+                if time.monotonic() >= deadline:
+                    raise replica._start_error("replica's link to its master is not up")
+                time.sleep(0.05)
+        return cluster
+    except BaseException:
+        for node in nodes:
+            node.kill()
+        raise

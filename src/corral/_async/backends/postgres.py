@@ -43,6 +43,16 @@ counts the live slots, checks the holders' limit and the waiters ahead, and
 inserts the slot. Releases notify on a channel of their own, which the same
 LISTEN connection hears (postgres_sql: "Semaphores").
 
+**Cache entries.** An entry is a row of a table of its own, its key the cache
+key's UTF-8 as `bytea` (hashed past 1 kB), kept until an expiry on the
+server's clock; a namespace's generation is a row of another. Every primitive
+is one statement, and rows come back in binary (the bytes as stored, not in
+hex). A read with a claim is one transaction in one round trip, as a lock's
+attempt is: a statement that reads the entry and the generation and, only
+when the entry is due, takes the claim's lock's turn; then the lock's own
+attempt, gated on that, which reads the entry again at its snapshot
+(postgres_sql: "Cache entries"). Expired entries are swept by later writes.
+
 **Timeouts.** Every call fails with `BackendUnavailable` within about
 `timeout` seconds: the pool waits that long for a connection, `connect_timeout`
 bounds a new connection, the server ends a statement after
@@ -64,6 +74,7 @@ import re
 import threading
 import time
 import weakref
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import psycopg
@@ -78,7 +89,7 @@ from corral.backends import postgres_sql as sql
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock
 from corral.core.options import Option
-from corral.core.primitives import Attempt, LockInfo, Outcome, SemaphoreInfo
+from corral.core.primitives import Attempt, CacheRead, Claim, LockInfo, Outcome, SemaphoreInfo
 from corral.errors import BackendError, BackendUnavailable, ConfigError
 
 __all__ = ["AsyncPostgresBackend"]
@@ -314,9 +325,19 @@ class AsyncPostgresBackend(AsyncBackend):
             "a row per slot in a table of their own, counted and taken in one statement "
             "in the name's turn (a transaction advisory lock)"
         ),
+        cache=(
+            "a row per entry in a table of their own, kept until an expiry on the server's "
+            "clock and swept by later writes; a read and its claim's lock attempt are one "
+            "transaction in one round trip"
+        ),
     )
+    # One round trip reads and claims, but not one snapshot: under READ COMMITTED the
+    # claim's INSERT ... ON CONFLICT sees a release committed after the read's snapshot,
+    # so a claim can be won on a read that missed the value stored just before that
+    # release. The winner therefore reads once more before computing.
+    claims_with_read: ClassVar[bool] = False
     url_options: ClassVar[tuple[Option, ...]] = sql.OPTIONS
-    # Whether libpq can pipeline (version 14 and later), for `_in_turn`.
+    # Whether libpq can pipeline (version 14 and later), for `_together`.
     _pipelines: ClassVar[bool] = psycopg.AsyncPipeline.is_supported()
 
     def __init__(self, options: sql.PostgresOptions) -> None:
@@ -456,64 +477,87 @@ class AsyncPostgresBackend(AsyncBackend):
 
         `params` gets the lock's (or with `semaphore`, the semaphore's) key as
         `name`, once the first connection told which keys the database can
-        store. With `turn`, the statement runs in the name's turn (`_in_turn`).
+        store. With `turn`, the statement runs in the name's turn (`_together`).
+        """
+
+        def statements() -> list[tuple[str, dict[str, Any]]]:
+            key = params["name"] = self._key(name)
+            if not turn:
+                return [(query, params)]
+            if semaphore:
+                take: tuple[str, dict[str, Any]] = (
+                    self._sql.sem_take_turn,
+                    self._sql.sem_gate(key),
+                )
+            else:
+                take = (self._sql.take_turn, {"gate": self._sql.gate_key(key)})
+            return [take, (query, params)]
+
+        kind = "semaphore" if semaphore else "lock"
+        results = await self._run(
+            statements,
+            lambda exc, fired: self._error(exc, name, action, fired, kind=kind),
+            together=turn,
+        )
+        return results[-1]
+
+    async def _run(
+        self,
+        statements: Callable[[], list[tuple[str, dict[str, Any]]]],
+        fail: Callable[[BaseException, bool], BackendError],
+        *,
+        together: bool = False,
+        binary: bool = False,
+    ) -> list[list[tuple[Any, ...]]]:
+        """Run `statements()` (called once the first connection told which keys the database
+        can store) on a pooled connection and return each one's rows; every failure
+        becomes `fail(exc, timed_out)`.
+
+        One statement alone, or with `together` several in one transaction and one
+        round trip (`_together`). `binary` has rows come back in binary (bytea as is,
+        not in hex).
         """
         alarm = sql.Alarm()
         try:
             pool = await self._pool(alarm)
-            key = params["name"] = self._key(name)
+            todo = statements()
             conn = await self._borrow(pool)
             try:
                 with sql.watchdog().armed(conn.fileno(), self._timeout, alarm):
-                    if turn:
-                        if semaphore:
-                            take: tuple[str, dict[str, Any]] = (
-                                self._sql.sem_take_turn,
-                                self._sql.sem_gate(key),
-                            )
-                        else:
-                            take = (self._sql.take_turn, {"gate": self._sql.gate_key(key)})
-                        rows = await self._in_turn(conn, take, query, params)
-                    else:
-                        cursor = await conn.execute(query, params)
-                        rows = await cursor.fetchall()
+                    if together:
+                        return await self._together(conn, todo, binary=binary)
+                    cursor = await conn.execute(*todo[0], binary=binary)
+                    return [await cursor.fetchall()]
             except BaseException:
-                if turn:
+                if together:
                     await self._discard_unless_idle(conn)
                 raise
             finally:
                 await pool.putconn(conn)
         except (psycopg.Error, OSError, _Closed) as exc:
-            kind = "semaphore" if semaphore else "lock"
-            raise self._error(exc, name, action, alarm.fired, kind=kind) from exc
-        return rows
+            raise fail(exc, alarm.fired) from exc
 
-    async def _in_turn(
-        self,
-        conn: _Connection,
-        take: tuple[str, dict[str, Any]],
-        query: str,
-        params: dict[str, Any],
-    ) -> list[tuple[Any, ...]]:
-        """`query` in one transaction after the name's turn (postgres_sql: "Fencing tokens").
+    async def _together(
+        self, conn: _Connection, statements: list[tuple[str, dict[str, Any]]], *, binary: bool
+    ) -> list[list[tuple[Any, ...]]]:
+        """`statements` in one transaction, each one's rows (postgres_sql: "Fencing tokens").
 
-        Two statements, so that the second one's snapshot is taken once the
-        turn is had and sees every acquisition and queue place committed
-        before: one statement that waited for the turn would still judge by
-        what was committed when it began. In pipeline mode both go in one
-        round trip and form one implicit transaction, which the closing Sync
-        commits (or rolls back, after an error); libpq without pipelines
-        (before 14) gets BEGIN and COMMIT, two round trips more.
+        A lock's attempt is two: the name's turn, then the attempt, so that the
+        second one's snapshot is taken once the turn is had and sees every
+        acquisition and queue place committed before: one statement that waited
+        for the turn would still judge by what was committed when it began. In
+        pipeline mode they go in one round trip and form one implicit
+        transaction, which the closing Sync commits (or rolls back, after an
+        error); libpq without pipelines (before 14) gets BEGIN and COMMIT, two
+        round trips more.
         """
         if self._pipelines:
             async with conn.pipeline():
-                await conn.execute(*take)
-                cursor = await conn.execute(query, params)
+                cursors = [await conn.execute(q, p, binary=binary) for q, p in statements]
         else:
             async with conn.transaction():
-                await conn.execute(*take)
-                cursor = await conn.execute(query, params)
-        return await cursor.fetchall()
+                cursors = [await conn.execute(q, p, binary=binary) for q, p in statements]
+        return [await cursor.fetchall() for cursor in cursors]
 
     @staticmethod
     async def _discard_unless_idle(conn: _Connection) -> None:
@@ -543,7 +587,12 @@ class AsyncPostgresBackend(AsyncBackend):
     ) -> BackendError:
         """The corral error for a psycopg failure: names the lock (or semaphore) and server,
         says what to do."""
-        where = f"{kind} {name!r} on {self.server}: could not {action} it"
+        return self._failure(
+            exc, f"{kind} {name!r} on {self.server}: could not {action} it", timed_out
+        )
+
+    def _failure(self, exc: BaseException, where: str, timed_out: bool) -> BackendError:
+        """The corral error for a psycopg failure of the call `where` describes."""
         text = " ".join(str(exc).split()) or type(exc).__name__
         for secret in self._options.secrets:
             text = text.replace(secret, "***")  # libpq never quotes one; just in case
@@ -746,6 +795,153 @@ class AsyncPostgresBackend(AsyncBackend):
         )
         if rows[0][0]:
             self.semaphore_bus.notify(name)
+
+    # -- cache entries (postgres_sql: "Cache entries") -----------------------------
+
+    async def _cache(
+        self,
+        subject: str,
+        action: str,
+        statements: Callable[[], list[tuple[str, dict[str, Any]]]],
+        *,
+        together: bool = False,
+    ) -> list[list[tuple[Any, ...]]]:
+        """Run cache statements (`_run`), in binary: entries come back as the bytes stored."""
+        return await self._run(
+            statements,
+            lambda exc, fired: self._failure(
+                exc, f"{subject} on {self.server}: could not {action}", fired
+            ),
+            together=together,
+            binary=True,
+        )
+
+    @staticmethod
+    def _cache_subject(keys: Sequence[str]) -> str:
+        if len(keys) == 1:
+            return f"cache key {keys[0]!r}"
+        return f"cache keys {keys[0]!r} and {len(keys) - 1} more"
+
+    async def cache_fetch(
+        self, keys: Sequence[str], gen_key: str
+    ) -> tuple[list[bytes | None], int]:
+        params: dict[str, Any] = {
+            "keys": [sql.cache_key(key) for key in keys],
+            "gen_key": sql.cache_key(gen_key),
+        }
+        subject = self._cache_subject(keys) if keys else f"cache generation {gen_key!r}"
+        (rows,) = await self._cache(
+            subject,
+            "read it" if len(keys) < 2 else "read them",
+            lambda: [(self._sql.cache_fetch, params)],
+        )
+        found: list[bytes | None] = [None] * len(keys)
+        for place, data, _ in rows:
+            if place is not None:
+                found[place - 1] = bytes(data)
+        return found, int(rows[0][2])  # every row has the generation; there is one at least
+
+    async def cache_read(self, key: str, gen_key: str, claim: Claim | None = None) -> CacheRead:
+        if claim is None:
+            (entry,), generation = await self.cache_fetch([key], gen_key)
+            return CacheRead(entry, generation)
+        read: dict[str, Any] = {
+            "key": sql.cache_key(key),
+            "gen_key": sql.cache_key(gen_key),
+            "due_before": float(claim.due_before),
+        }
+        sweep = next(self._acquisitions) % sql.SWEEP_EVERY == 0
+
+        def statements() -> list[tuple[str, dict[str, Any]]]:
+            name = self._key(claim.lock)  # once the database told which keys it takes
+            attempt = {**read, "name": name, "owner": claim.owner, "ttl": float(claim.ttl)}
+            return [
+                (self._sql.cache_claim_read, {**read, "gate": self._sql.gate_key(name)}),
+                (self._sql.cache_claim_attempt[sweep], attempt),
+            ]
+
+        first, second = await self._cache(
+            f"cache key {key!r} (with a claim of lock {claim.lock!r})",
+            "read it",
+            statements,
+            together=True,
+        )
+        if not second:  # not due: the first statement read it, and that was all
+            data, generation, _, _, _ = first[0]
+            return CacheRead(None if data is None else bytes(data), int(generation))
+        data, generation, due, granted, token, seconds = second[0]
+        entry = None if data is None else bytes(data)
+        if not due:  # due when first read, no longer once the turn was had
+            return CacheRead(entry, int(generation))
+        if granted is None:
+            attempt = Attempt(False)  # free, but a live waiter is queued ahead
+        elif granted:
+            attempt = Attempt(True, token=int(token))
+        else:
+            attempt = Attempt(False, holder_ttl=max(0.0, float(seconds)))
+        return CacheRead(entry, int(generation), attempt)
+
+    async def cache_store(self, items: Sequence[tuple[str, bytes, float]]) -> None:
+        # One write per key, the last; in key order (postgres_sql: no deadlock).
+        latest: dict[bytes, tuple[bytes, float]] = {}
+        for key, data, keep in items:
+            keep = float(keep)
+            latest[sql.cache_key(key)] = (bytes(data), min(keep, sql.MAX_KEEP) if keep > 0 else 0.0)
+        if not latest:
+            return
+        stored = sorted(latest)
+        params: dict[str, Any] = {
+            "keys": stored,
+            "datas": [latest[key][0] for key in stored],
+            "keeps": [latest[key][1] for key in stored],
+            "sweep": len(stored) + sql.SWEEP_BATCH,
+        }
+        await self._cache(
+            self._cache_subject([key for key, _, _ in items]),
+            "store it" if len(items) == 1 else "store them",
+            lambda: [(self._sql.cache_store, params)],
+        )
+
+    async def cache_delete(self, key: str) -> bool:
+        params: dict[str, Any] = {"key": sql.cache_key(key)}
+        (rows,) = await self._cache(
+            f"cache key {key!r}", "delete it", lambda: [(self._sql.cache_delete, params)]
+        )
+        return bool(rows[0][0])
+
+    async def cache_invalidate(self, key: str, keep: float) -> bool:
+        params: dict[str, Any] = {"key": sql.cache_key(key)}
+        keep = float(keep)
+        if keep > 0:
+            params["keep"] = min(keep, sql.MAX_KEEP)
+            query = self._sql.cache_invalidate
+        else:
+            query = self._sql.cache_delete
+        (rows,) = await self._cache(
+            f"cache key {key!r}", "invalidate it", lambda: [(query, params)]
+        )
+        return bool(rows[0][0])
+
+    async def cache_clear(self, gen_key: str) -> int:
+        params: dict[str, Any] = {"gen_key": sql.cache_key(gen_key)}
+        (rows,) = await self._cache(
+            f"cache generation {gen_key!r}", "bump it", lambda: [(self._sql.cache_clear, params)]
+        )
+        return int(rows[0][0])
+
+    async def cache_count(self, key_prefix: str) -> int | None:
+        bounds = sql.cache_key_range(key_prefix)
+        if bounds is None:
+            return None  # longer than what a hashed key keeps of itself
+        low, high = bounds
+        if high is None:
+            query, params = self._sql.cache_count_all, {}
+        else:
+            query, params = self._sql.cache_count, {"low": low, "high": high}
+        (rows,) = await self._cache(
+            f"cache keys starting with {key_prefix!r}", "count them", lambda: [(query, params)]
+        )
+        return int(rows[0][0])
 
     # -- wake-ups -------------------------------------------------------------------
 

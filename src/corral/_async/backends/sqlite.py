@@ -45,6 +45,7 @@ import logging
 import os
 import threading
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -63,7 +64,7 @@ from corral.backends.sqlite_wake import Doorbell, WakeUp, digest
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock
 from corral.core.options import Option
-from corral.core.primitives import Attempt, LockInfo, Outcome, SemaphoreInfo
+from corral.core.primitives import Attempt, CacheRead, Claim, LockInfo, Outcome, SemaphoreInfo
 from corral.errors import BackendError, ConfigError
 
 __all__ = ["AsyncSQLiteBackend"]
@@ -396,8 +397,14 @@ class AsyncSQLiteBackend(AsyncBackend):
             "one row per slot in the file, with its owner, token, limit and expiry, "
             "checked and taken in one write transaction"
         ),
+        cache=(
+            "one row per entry in the file, expiring by the machine clock; read without "
+            "the write lock, a due entry read again and claimed in one write transaction"
+        ),
     )
     url_options: ClassVar[tuple[Option, ...]] = URL_OPTIONS
+
+    claims_with_read: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -498,6 +505,31 @@ class AsyncSQLiteBackend(AsyncBackend):
     async def sem_leave_queue(self, name: str, owner: str) -> None:
         if await run_sync(self._db.sem_leave_queue, name, owner):
             self.semaphore_bus.notify(name)
+
+    # -- cache entries --------------------------------------------------------------
+
+    async def cache_fetch(
+        self, keys: Sequence[str], gen_key: str
+    ) -> tuple[list[bytes | None], int]:
+        return await run_sync(self._db.cache_fetch, keys, gen_key)
+
+    async def cache_read(self, key: str, gen_key: str, claim: Claim | None = None) -> CacheRead:
+        return await run_sync(self._db.cache_read, key, gen_key, claim)
+
+    async def cache_store(self, items: Sequence[tuple[str, bytes, float]]) -> None:
+        await run_sync(self._db.cache_store, items)
+
+    async def cache_delete(self, key: str) -> bool:
+        return await run_sync(self._db.cache_delete, key)
+
+    async def cache_invalidate(self, key: str, keep: float) -> bool:
+        return await run_sync(self._db.cache_invalidate, key, keep)
+
+    async def cache_clear(self, gen_key: str) -> int:
+        return await run_sync(self._db.cache_clear, gen_key)
+
+    async def cache_count(self, key_prefix: str) -> int | None:
+        return await run_sync(self._db.cache_count, key_prefix)
 
     # -- wake-ups -------------------------------------------------------------------
 

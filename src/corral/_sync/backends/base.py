@@ -11,14 +11,16 @@ once, for every backend.
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from types import TracebackType
 from typing import ClassVar, Protocol
 
 from corral._sync._compat import Event
 from corral.core.capabilities import Capabilities
+from corral.core.envelope import claim_due
 from corral.core.forks import ProcessLock
 from corral.core.options import Option
-from corral.core.primitives import Attempt, LockInfo, Outcome, SemaphoreInfo
+from corral.core.primitives import Attempt, CacheRead, Claim, LockInfo, Outcome, SemaphoreInfo
 from corral.errors import BackendError, ConfigError
 
 __all__ = ["Backend", "Feed", "LocalBus", "SubscribingWaiter", "Waiter"]
@@ -242,6 +244,13 @@ class Backend(abc.ABC):
         """Subscribe to releases of `name`; see `Waiter`."""
         return Waiter(self.local_bus, name)
 
+    def watcher(self, name: str) -> Waiter:
+        """Like `waiter`, for callers that wait for a release without taking the lock after it
+        (a cache waiting for another caller's computation): every one of them must hear
+        each release. A backend whose waiters share one wake-up per release (it goes to
+        the next in line, who will take the lock) overrides this."""
+        return self.waiter(name)
+
     # -- semaphores: `limit` slots per name, each with its own owner, TTL and token --
     #
     # The same contract as the lock primitives above, per slot: one atomic step
@@ -301,6 +310,108 @@ class Backend(abc.ABC):
     def sem_waiter(self, name: str) -> Waiter:
         """Subscribe to the slot releases of semaphore `name`; see `Waiter`."""
         return Waiter(self.semaphore_bus, name)
+
+    # -- cache entries: bytes under a key, kept by the server for `keep` seconds --
+    #
+    # Keys arrive as the cache builds them ("<namespace>:<key>", any str: a backend
+    # that refuses some keys maps them deterministically, without collisions in
+    # practice); a namespace's generation lives under its own `gen_key`. Entries
+    # are opaque bytes except for the fixed header of `corral.core.envelope`,
+    # which a backend may read (and `cache_invalidate` rewrites) on the server.
+    # `keep` is how long the server keeps an entry, by its own clock; servers
+    # that count whole seconds round it up. Freshness is the cache policy's
+    # business (the header's fresh_until), never the server's expiry.
+
+    claims_with_read: ClassVar[bool] = False
+    """`cache_read` reads and tries the claim in one atomic step, so a claim won on a
+    miss needs no second read (the default form reads, then tries the lock)."""
+
+    def no_cache_error(self) -> ConfigError:
+        return ConfigError(
+            f"caches are not available on {self.capabilities.scheme}:// yet; "
+            "use one of the backends whose guarantees table lists them (docs/cache.md)"
+        )
+
+    def cache_fetch(self, keys: Sequence[str], gen_key: str) -> tuple[list[bytes | None], int]:
+        """The stored bytes of each key (None where missing) and the namespace's generation.
+
+        One round trip where the server allows (a multi-get, a script, a
+        statement, a transaction); the generation is 0 when never bumped.
+        """
+        raise self.no_cache_error()
+
+    def cache_read(self, key: str, gen_key: str, claim: Claim | None = None) -> CacheRead:
+        """One entry and its generation; with `claim`, the recompute lock tried if it is due.
+
+        This form costs a second round trip when the claim is due; backends
+        that can read and try the lock in one step (a script, a transaction)
+        override it. Either way the backend only compares: `claim.due_before`
+        was chosen by the cache policy.
+        """
+        found, generation = self.cache_fetch([key], gen_key)
+        entry = found[0]
+        attempt = None
+        if claim is not None and claim_due(entry, generation, claim.due_before):
+            attempt = self.try_acquire(claim.lock, claim.owner, claim.ttl)
+        return CacheRead(entry, generation, attempt)
+
+    def cache_store(self, items: Sequence[tuple[str, bytes, float]]) -> None:
+        """Write each (key, bytes, keep) pair, replacing what was there; one round trip
+        where the server allows. Not atomic across keys."""
+        raise self.no_cache_error()
+
+    def cache_delete(self, key: str) -> bool:
+        """Remove the entry; True when one was there."""
+        raise self.no_cache_error()
+
+    def cache_invalidate(self, key: str, keep: float) -> bool:
+        """Atomically set the entry's fresh_until to 0, keeping its value, for `keep` more
+        seconds (`keep <= 0` deletes it); True when one was there."""
+        raise self.no_cache_error()
+
+    def cache_clear(self, gen_key: str) -> int:
+        """Atomically bump the namespace's generation (every entry written under an
+        older one is a miss from now on, for every client); the new generation."""
+        raise self.no_cache_error()
+
+    def cache_raise_generation(self, gen_key: str, at_least: int) -> int:
+        """Atomically set the namespace's generation to max(current, `at_least`); the result.
+
+        How a pool keeps one generation on every server: a clear brings them all
+        to one new value, and a server that missed it is brought up to the
+        highest one seen before it serves a read.
+        """
+        raise self.no_cache_error()
+
+    def cache_count(self, key_prefix: str) -> int | None:
+        """How many entries are stored under keys starting with `key_prefix`, where the
+        server can list them (None where it cannot, as on memcached)."""
+        return None
+
+    # -- many servers: where a key lives ---------------------------------------------
+    #
+    # A pool of servers (`corral._sync.backends.pool`) overrides these; one server
+    # answers for itself. The cache asks for a placed view per call, so entries
+    # routed by a shard key or kept on several servers reach the right ones while
+    # the cache logic stays the same for one server and many.
+
+    @property
+    def servers(self) -> tuple[str, ...]:
+        """The servers this backend spreads names and entries over (one here)."""
+        return (self.server,)
+
+    def placed(
+        self, shard: str | None = None, replicas: int = 1, replica_keep: float | None = None
+    ) -> Backend:
+        """This backend as it serves cache entries placed by `shard` (instead of by
+        each entry's key) and kept on `replicas` distinct servers, reads going to
+        one of them; copies on replicas but the first kept at most `replica_keep`
+        seconds when given. One server: itself."""
+        return self
+
+    def locate(self, key: str) -> str:
+        """The server that holds `key` (a stored cache key, or a lock's name)."""
+        return self.server
 
     @abc.abstractmethod
     def close(self) -> None:

@@ -45,7 +45,9 @@ used by anyone (its owner id was this attempt's): its lease is revoked in the
 background as soon as the cluster answers (`LeaseReaper.drop`), so an
 acquisition that failed with `BackendUnavailable` and committed later holds
 the lock only until then, not for its TTL. A request that reaches the cluster
-after that revoke finds its lease gone and changes nothing.
+after that revoke finds its lease gone and changes nothing. Cache writes are
+idempotent (puts, deletes, an invalidation's swap, which swaps again from what
+it finds) or harmless twice (a clear sent twice bumps the generation twice).
 
 **Round trips.** Leases are not part of etcd transactions, and a key must be
 attached to its lease when it is created (attached later, a crash in between
@@ -100,6 +102,51 @@ that no slot was taken since that reading and that its place still exists, so
 the count it decided on still holds. Waiters watch the semaphore's prefix, as
 a lock's watch its own: every slot freed (released, expired, forced) and every
 place left wakes them.
+
+**Cache entries.** An entry is the key `<prefix>/cache/e/<key>`, holding the
+envelope's bytes as given, and beside it `<prefix>/cache/d/<key>`, its due stamp:
+the entry's generation and the later of its fresh-until and retry-until, at fixed
+width (`etcd_api.due_stamp`), because an etcd transaction compares whole values,
+never a part of one. Both are written, rewritten and deleted in one transaction, on
+one lease, so they expire together too. A namespace's generation is
+`<prefix>/cache/g/<gen_key>`, absent (0) until the first clear. Each process
+remembers the generation it last saw with its key's mod revision.
+
+Entries share leases instead of taking one each (which would cost a grant before
+every store, and the cluster a lease to track per entry): an entry goes on a lease
+that ends no sooner than `keep` from now (counted before the request, by the
+leader's clock), and at most its spread (a 16th of `keep`, at least 0.5 s) and the
+rounding to whole seconds later, or, for a `keep` under the cluster's minimum
+lease, that minimum; this process finds one in its table or grants one, which the
+entries stored with about the same `keep` during the next half spread share. So
+the grants follow the time, not the number of entries: about one per half spread
+per `keep` in use. Entry leases are never revoked: they end with their entries.
+
+A claimed read (`cache_read` with a claim) is one transaction: it reads the entry
+and the generation, and, if the generation key is still at the mod revision last
+seen, compares the entry's stamp between bounds made for that generation and the
+claim's `due_before` (`etcd_api.due_bounds`) and, when the entry is due (missing,
+foreign, of another generation, stale), runs the lock's own acquisition
+transaction (`acquire_txn`, nested), on a lease. So reading and claiming are one
+atomic step, and a claim won on a miss needs no second read. The lease is a spare
+this process kept from an earlier claim that was refused; with none, the first
+transaction reads and compares only, as most reads find a fresh entry and need no
+lease, and a due entry is read again, atomically, on a new one. A generation that
+moved since last seen costs one more transaction (after `CLAIM_TRIES` of them,
+while clients clear the namespace without pause, the read falls back to reading,
+then trying the lock). A refused claim's `holder_ttl` is None: no time-to-live
+read. A claim won on a kept spare restarts its lease with a keep-alive, as a
+waiter's kept lease does; spares unused for `IDLE_AFTER` seconds are revoked.
+
+Round trips: `cache_fetch` 1 (a range per key and one for the generation; one
+more per 128 keys or 1 MiB of keys); claimed read of a fresh entry 1, of a due one
+1 on a spare (and a keep-alive if it wins) or 3 (read, grant, claimed read);
+`cache_store` 1 (2 operations per entry; one more per 64 entries or 1 MiB) and a
+grant when no shared lease fits; `cache_invalidate` 2 (read, then a compare-and-
+swap on the entry's mod revision that puts the stale bytes and stamp on a lease
+for `keep`); `cache_delete` 1; `cache_clear` 1 (a compare-and-swap on the
+generation key's mod revision, from the generation last seen; again from what a
+failed one read); `cache_count` 1 (a counted range).
 
 **Every attempt respects the queue.** Any acquisition, fair or not, takes the
 lock only if nobody queues for it: its transaction also compares the queue's
@@ -171,7 +218,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -182,8 +229,9 @@ from corral._sync.backends.base import Backend, Feed, LocalBus, SubscribingWaite
 from corral.backends import etcd_api as api
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock
+from corral.core.envelope import mark_stale
 from corral.core.options import Option
-from corral.core.primitives import Attempt, LockInfo, Outcome, SemaphoreInfo
+from corral.core.primitives import Attempt, CacheRead, Claim, LockInfo, Outcome, SemaphoreInfo
 from corral.errors import BackendError, BackendUnavailable, ConfigError
 
 __all__ = ["EtcdBackend"]
@@ -209,6 +257,28 @@ WATCH_QUIET = 300.0
 # How many transactions one semaphore attempt sends at most, each on a slot chosen from
 # what the previous one found, before it reports the semaphore busy (to be tried again).
 SEM_TRIES = 10
+# A cache entry is put on a lease shared with the entries to be kept until about the
+# same time: its spread, this share of `keep` and at least ENTRY_SPREAD_MIN seconds,
+# bounds how much longer than `keep` the server keeps it (see `_entry_lease`). A lease
+# is granted about every half spread per `keep` in use, however many entries are stored.
+ENTRY_SPREAD_SHARE = 1 / 16
+ENTRY_SPREAD_MIN = 0.5
+# When no grant has shown the cluster's minimum lease yet, assume etcd's default one
+# (1.5 election timeouts of 1 s, rounded up): an entry kept less is kept that long anyway.
+DEFAULT_LEASE_FLOOR = 2
+# How many shared entry leases a process remembers (the soonest to run out are forgotten).
+ENTRY_LEASES_KEPT = 256
+# etcd's longest lease is 9e9 s; longer keeps are kept for this long.
+KEEP_MAX = 3e9
+# A process keeps at most this many unused leases per lease length for the claims of
+# cache reads, and the generations of this many namespaces.
+SPARES = 4
+GENERATIONS_KEPT = 4096
+# How many transactions one claimed cache read sends at most (each generation change
+# it meets costs one) before it falls back to reading, then trying the lock.
+CLAIM_TRIES = 5
+# How many compare-and-swaps `cache_invalidate` and `cache_clear` try before giving up.
+SWAP_TRIES = 32
 # Members answering with this header set refuse at once when they have no leader.
 _HEADERS = {"Grpc-Metadata-hasleader": "true"}
 
@@ -260,6 +330,18 @@ class _Trace:
     maybe_applied: bool = False
 
 
+@dataclass(slots=True, eq=False)
+class _EntryLease:
+    """A lease shared by the cache entries to be kept until about the same time."""
+
+    id: int
+    low: float
+    """Clock reading until which the server surely keeps it (taken before the grant)."""
+    high: float
+    """Clock reading by which the server ends it (taken after the grant's answer), barring a
+    leader change (a new leader restarts every lease)."""
+
+
 @dataclass(slots=True)
 class _Tried:
     """One acquisition transaction's result: the won attempt, else the holder it found."""
@@ -271,6 +353,7 @@ class _Tried:
 class _Job(enum.Enum):
     END = "end the lease of a held lock at the lock's TTL"
     IDLE = "revoke a waiter's unused lease once the waiter is surely gone"
+    SPARE = "revoke a spare lease of cache claims that no read took for a while"
     DROP = "revoke a lease nobody uses, at once, again while the cluster does not answer"
 
 
@@ -314,8 +397,48 @@ class _SemaphoreName(str):
     kind = "semaphore"
 
 
+class _CacheName(str):
+    """A cache entry's key, where the request helpers take a name."""
+
+    __slots__ = ()
+    kind = "cache key"
+
+
+class _GenerationName(str):
+    """A cache namespace's generation key, where the request helpers take a name."""
+
+    __slots__ = ()
+    kind = "cache generation"
+
+
+class _Described(str):
+    """A whole subject for messages (several cache keys, a key prefix), where a name goes."""
+
+    __slots__ = ()
+
+
 def _kind(name: str) -> str:
-    return "semaphore" if isinstance(name, _SemaphoreName) else "lock"
+    if isinstance(name, (_SemaphoreName, _CacheName, _GenerationName)):
+        return name.kind
+    return "lock"
+
+
+def _subject(name: str) -> str:
+    """What a message says a call was about: `lock 'x'`, `cache key 'k'`, ..."""
+    if isinstance(name, _Described):
+        return str(name)
+    return f"{_kind(name)} {name!r}"
+
+
+def _cache_subject(keys: Sequence[str], gen_key: str) -> str:
+    if not keys:
+        return _GenerationName(gen_key)
+    if len(keys) == 1:
+        return _CacheName(keys[0])
+    return _Described(f"cache keys {keys[0]!r} and {len(keys) - 1} more")
+
+
+_CLAIMS = _Described("the spare leases of cache claims")
 
 
 class _LeaseNotFound(BackendError):
@@ -351,6 +474,12 @@ class _ProcessState:
         # By the watched keys' prefix: a lock and a semaphore of one name have their own.
         self.feeds: dict[bytes, WatchFeed] = {}
         self.reaper: LeaseReaper | None = None
+        # Cache entries: the shared leases they are put on; unused leases for the claims
+        # of cache reads, by lease length; each namespace's generation as last seen, with
+        # its key's mod revision (what a read compares to know it is still current).
+        self.entry_leases: list[_EntryLease] = []
+        self.spares: dict[int, list[_Lease]] = {}
+        self.generations: dict[str, tuple[int, int]] = {}
 
 
 class LeaseReaper:
@@ -399,6 +528,11 @@ class LeaseReaper:
         until = now + max(lease.granted, api.lease_seconds(lease.ttl)) + 1.0
         self._add(_Due(_Job.DROP, lease, name, now, until=until, announce=announce))
 
+    def spare(self, lease: _Lease, now: float) -> None:
+        """Revoke a spare lease of cache claims unless a read takes it soon; hold the mutex."""
+        if lease.surely_left(now) > IDLE_AFTER:
+            self._add(_Due(_Job.SPARE, lease, _CLAIMS, now + IDLE_AFTER))
+
     def cancel(self, lease: _Lease) -> None:
         """Forget `lease`; hold the mutex."""
         self._due.pop(lease.id, None)
@@ -426,6 +560,11 @@ class LeaseReaper:
                         if self._state.pending.get(job.waiter) is not job.lease:
                             continue  # used again meanwhile
                         del self._state.pending[job.waiter]
+                    elif job.job is _Job.SPARE:
+                        spares = self._state.spares.get(api.lease_seconds(job.lease.ttl), [])
+                        if job.lease not in spares:
+                            continue  # taken by a read meanwhile
+                        spares.remove(job.lease)
                     due.append(job)
             # Locks first: their early end is what other processes may be waiting for.
             due.sort(key=lambda job: job.job is not _Job.END)
@@ -681,8 +820,14 @@ class EtcdBackend(Backend):
             "a key per slot (slot/<limit>/<i>) on its acquisition's lease, taken by a "
             "transaction that compares that slot and every other limit's slots as absent"
         ),
+        cache=(
+            "a key per entry and a due stamp beside it, on leases shared by the entries "
+            "kept until about the same time; one transaction reads, compares the stamp "
+            "and tries the claim"
+        ),
     )
     url_options: ClassVar[tuple[Option, ...]] = api.URL_OPTIONS
+    claims_with_read: ClassVar[bool] = True
 
     def __init__(self, options: api.EtcdOptions, *, clock: Clock) -> None:
         super().__init__()
@@ -756,7 +901,8 @@ class EtcdBackend(Backend):
         return api.lock_keys(self.prefix, name).scope
 
     def _where(self, name: str, action: str) -> str:
-        return f"{_kind(name)} {name!r} on {self.server}: could not {action} it"
+        pronoun = "them" if isinstance(name, _Described) else "it"
+        return f"{_subject(name)} on {self.server}: could not {action} {pronoun}"
 
     def _unavailable(self, name: str, action: str, problems: list[str]) -> BackendUnavailable:
         seen = "; ".join(dict.fromkeys(problems)) or f"no member answered within {self.timeout:g} s"
@@ -785,6 +931,11 @@ class EtcdBackend(Backend):
             return BackendError(
                 f"{where}; etcd is over its space quota: compact and defragment it, then "
                 "disarm the NOSPACE alarm (etcdctl alarm disarm)"
+            )
+        if trouble is api.Trouble.TOO_LARGE:
+            return BackendError(
+                f"{where}; etcd refuses requests over its --max-request-bytes (1.5 MiB by "
+                "default): store smaller values, or raise it on every member"
             )
         return BackendError(f"{where}; check the members' logs")
 
@@ -996,7 +1147,7 @@ class EtcdBackend(Backend):
 
     def _foreign(self, name: str, key: bytes, exc: Exception) -> BackendError:
         return BackendError(
-            f"{_kind(name)} {name!r} on {self.server}: the key "
+            f"{_subject(name)} on {self.server}: the key "
             f"{key.decode(errors='replace')!r} holds a value corral did not write ({exc}); "
             "another program uses the same keys (choose another prefix=)"
         )
@@ -1804,6 +1955,311 @@ class EtcdBackend(Backend):
     def sem_waiter(self, name: str) -> EtcdWaiter:
         return EtcdWaiter(self, _SemaphoreName(name))
 
+    # -- cache entries ------------------------------------------------------------------
+    #
+    # An entry is a key holding the envelope's bytes, with its due stamp beside it (see
+    # `etcd_api.cache_keys`), both on a lease shared with the entries to be kept until
+    # about the same time. A claimed read is one transaction that reads, checks the
+    # stamp against the generation and `due_before`, and runs the lock's own
+    # acquisition transaction when due, on a spare lease kept for cache claims.
+
+    def _generation(
+        self, state: _ProcessState, gen_key: str, kv: dict[str, Any] | None
+    ) -> tuple[int, int]:
+        """The generation (and its key's mod revision) a read found; remembered for the next
+        claimed read of the namespace."""
+        try:
+            seen = api.parse_generation(kv)
+        except ValueError as exc:
+            key = api.generation_key(self.prefix, gen_key)
+            raise self._foreign(_GenerationName(gen_key), key, exc) from exc
+        with state.mutex:
+            if len(state.generations) >= GENERATIONS_KEPT and gen_key not in state.generations:
+                state.generations.clear()
+            state.generations[gen_key] = seen
+        return seen
+
+    def _entry_lease(self, state: _ProcessState, keep: float, deadline: float, subject: str) -> int:
+        """A lease the server keeps at least `keep` seconds from now, and not much longer:
+        a shared one if one fits, else a new one, which later entries share.
+
+        A new lease is asked for `keep` and half the spread, rounded up to whole
+        seconds (and raised to the cluster's minimum); a shared one fits when it
+        ends no sooner than `keep` from now and no later than half a spread after
+        a new one would. So an entry is kept at most the spread and a second (of
+        rounding) longer than `keep` (or than the cluster's minimum lease), and
+        the entries stored with about one `keep` during about half a spread share
+        a lease.
+        """
+        now = self.clock.now()
+        keep = keep if keep < KEEP_MAX else KEEP_MAX  # (infinite, or not a number)
+        spread = max(ENTRY_SPREAD_MIN, keep * ENTRY_SPREAD_SHARE)
+        asked = api.lease_seconds(keep + spread / 2)
+        latest = now + max(asked, self._lease_floor or DEFAULT_LEASE_FLOOR) + spread / 2
+        with state.mutex:
+            state.entry_leases = [lease for lease in state.entry_leases if lease.low > now]
+            fits = [
+                lease
+                for lease in state.entry_leases
+                if lease.low >= now + keep and lease.high <= latest
+            ]
+            if fits:
+                return min(fits, key=lambda lease: lease.low).id
+        granted = self._grant(asked, deadline, subject, "store")
+        shared = _EntryLease(
+            granted.id,
+            low=granted.refreshed + granted.granted,
+            high=self.clock.now() + granted.granted,
+        )
+        with state.mutex:
+            state.entry_leases.append(shared)
+            if len(state.entry_leases) > ENTRY_LEASES_KEPT:
+                state.entry_leases.remove(min(state.entry_leases, key=lambda lease: lease.low))
+        return shared.id
+
+    def _forget_entry_leases(self, state: _ProcessState, ids: set[int]) -> None:
+        """Forget shared leases the server no longer has (revoked by an operator, or run out
+        sooner than this process's clock expected): the store that met one takes new ones."""
+        with state.mutex:
+            state.entry_leases = [lease for lease in state.entry_leases if lease.id not in ids]
+
+    def _take_spare(self, state: _ProcessState, ttl: float) -> _Lease | None:
+        """An unused lease for a claim of `ttl`, with enough of it surely left, if one is kept."""
+        now = self.clock.now()
+        asked = api.lease_seconds(ttl)
+        with state.mutex:
+            spares = state.spares.get(asked)
+            while spares:
+                lease = spares.pop()
+                self._reaper(state).cancel(lease)
+                if lease.surely_left(now) >= LEASE_REUSE_MARGIN:
+                    return lease
+                # Nearly run out: let it (it carries nothing).
+            state.spares.pop(asked, None)
+        return None
+
+    def _keep_spare(self, state: _ProcessState, lease: _Lease) -> None:
+        """Keep an unused claim lease for the next claimed read (revoked if none takes it)."""
+        now = self.clock.now()
+        with state.mutex:
+            spares = state.spares.setdefault(api.lease_seconds(lease.ttl), [])
+            if len(spares) < SPARES:
+                spares.append(lease)
+                self._reaper(state).spare(lease, now)
+                return
+        self._drop(lease, _CLAIMS)
+
+    def cache_fetch(self, keys: Sequence[str], gen_key: str) -> tuple[list[bytes | None], int]:
+        deadline = self._deadline()
+        state = self._state()
+        subject = _cache_subject(keys, gen_key)
+        entries = [api.cache_keys(self.prefix, key).entry for key in keys]
+        found: list[bytes | None] = []
+        generation = 0
+        # One transaction, unless the keys are too many (or too long) for one.
+        for index, run in enumerate(api.batches([len(e) + 16 for e in entries], 1, reserved=1)):
+            gen = api.generation_key(self.prefix, gen_key) if index == 0 else None
+            body = api.cache_fetch_txn([entries[i] for i in run], gen)
+            kvs = api.txn_ranges(self._txn(body, deadline, subject, "read"))
+            if index == 0:
+                generation, _ = self._generation(state, gen_key, kvs.pop(0))
+            found += [None if kv is None else api.unb64(kv.get("value")) for kv in kvs]
+        return found, generation
+
+    def cache_read(self, key: str, gen_key: str, claim: Claim | None = None) -> CacheRead:
+        if claim is None:
+            found, generation = self.cache_fetch([key], gen_key)
+            return CacheRead(found[0], generation)
+        deadline = self._deadline()
+        state = self._state()
+        self._prune(state, self.clock.now())
+        subject = _CacheName(key)
+        keys = api.cache_keys(self.prefix, key)
+        gen = api.generation_key(self.prefix, gen_key)
+        lock = api.lock_keys(self.prefix, claim.lock)
+        value = api.holder_value(claim.owner, claim.ttl)
+        with state.mutex:
+            generation, believed = state.generations.get(gen_key, (0, 0))
+        # Without a spare lease the first transaction only reads and checks: most reads
+        # find a fresh entry, and need no lease. A due one is read again with a new lease.
+        lease = self._take_spare(state, claim.ttl)
+        fresh = False
+        for _ in range(CLAIM_TRIES):
+            attempt = None if lease is None else api.acquire_txn(lock, value, lease.id)
+            bounds = api.due_bounds(generation, claim.due_before)
+            body = api.cache_read_txn(keys, gen, believed, bounds, attempt)
+            trace = _Trace()
+            try:
+                answer = self._txn(body, deadline, subject, "read", trace)
+                reading = api.parse_cache_read(answer)
+                seen = self._generation(state, gen_key, reading.generation)
+                holder = self._holder(reading.holder, claim.lock)
+            except _LeaseNotFound:
+                if lease is None or fresh:
+                    raise
+                # The spare ran out on the server sooner than expected (it carries nothing,
+                # and nothing was applied): read again, on a new lease.
+                lease, fresh = self._grant(claim.ttl, deadline, claim.lock, "acquire"), True
+                continue
+            except BaseException as exc:
+                if lease is not None:
+                    if trace.maybe_applied or not isinstance(exc, Exception):
+                        # It may hold the lock for an owner nobody will use again.
+                        self._drop(lease, claim.lock, announce=True)
+                    else:
+                        self._keep_spare(state, lease)
+                raise
+            entry = None if reading.entry is None else api.unb64(reading.entry.get("value"))
+            if not reading.current:
+                generation, believed = seen  # cleared since last seen: decide again
+                continue
+            if reading.due and lease is None:
+                lease, fresh = self._grant(claim.ttl, deadline, claim.lock, "acquire"), True
+                continue
+            # The holder with this owner on this lease: an earlier try of this very
+            # transaction was applied, and its answer lost.
+            mine = (
+                holder is not None
+                and lease is not None
+                and holder.owner == claim.owner
+                and holder.lease == lease.id
+            )
+            if lease is not None and (reading.won or mine):
+                token = holder.token if mine and holder is not None else api.txn_revision(answer)
+                lease.ttl = claim.ttl
+                try:
+                    won = self._took(
+                        state, claim.lock, claim.owner, lease, fresh, token, lock.holder
+                    )
+                except BaseException:
+                    self._drop(lease, claim.lock, announce=True)  # held, but by nobody who knows
+                    raise
+                return CacheRead(entry, seen[0], won)
+            if lease is not None:
+                if trace.maybe_applied:
+                    # A try that was applied may have taken the lock on it before a write
+                    # made the entry fresh: never share a lease that may carry a lock.
+                    self._drop(lease, claim.lock, announce=True)
+                else:
+                    self._keep_spare(state, lease)
+            return CacheRead(entry, seen[0], Attempt(False) if reading.attempted else None)
+        # The namespace was cleared at every try: read, then try the lock (two steps).
+        if lease is not None:
+            self._keep_spare(state, lease)
+        return super().cache_read(key, gen_key, claim)
+
+    def cache_store(self, items: Sequence[tuple[str, bytes, float]]) -> None:
+        if not items:
+            return
+        deadline = self._deadline()
+        state = self._state()
+        # A transaction may not write one key twice: the last write of a key wins.
+        last = {key: (bytes(data), keep) for key, data, keep in items}
+        names = list(last)
+        subject = _cache_subject(names, "")
+        sizes = [2 * len(api.encode(key)) + len(data) + 64 for key, (data, _) in last.items()]
+        for run in api.batches(sizes, 2):
+            for again in (False, True):
+                ops: list[dict[str, Any]] = []
+                used: set[int] = set()
+                for index in run:
+                    data, keep = last[names[index]]
+                    keys = api.cache_keys(self.prefix, names[index])
+                    if keep <= 0:
+                        ops += api.cache_store_ops(keys, None, 0)
+                        continue
+                    lease = self._entry_lease(state, keep, deadline, subject)
+                    used.add(lease)
+                    ops += api.cache_store_ops(keys, data, lease)
+                try:
+                    self._txn({"compare": [], "success": ops}, deadline, subject, "store")
+                except _LeaseNotFound:
+                    self._forget_entry_leases(state, used)
+                    if again:
+                        raise
+                    continue
+                break
+
+    def cache_delete(self, key: str) -> bool:
+        keys = api.cache_keys(self.prefix, key)
+        trace = _Trace()
+        answer = self._txn(
+            api.cache_delete_txn(keys), self._deadline(), _CacheName(key), "delete", trace
+        )
+        # Nothing deleted after an unanswered try: that try deleted it.
+        return api.deleted(answer) > 0 or trace.maybe_applied
+
+    def cache_invalidate(self, key: str, keep: float) -> bool:
+        if keep <= 0:
+            return self.cache_delete(key)
+        deadline = self._deadline()
+        state = self._state()
+        subject = _CacheName(key)
+        keys = api.cache_keys(self.prefix, key)
+        answer = self._post(
+            "/v3/kv/range", api.range_request(keys.entry), deadline, subject, "invalidate"
+        )
+        kvs = answer.get("kvs") or []
+        if not kvs:
+            return False
+        kv: dict[str, Any] | None = kvs[0]
+        lease: int | None = None
+        for _ in range(SWAP_TRIES):
+            if kv is None:
+                return True  # deleted meanwhile: it was there when this call began
+            stale = mark_stale(api.unb64(kv.get("value")))  # None: not ours, delete it
+            if stale is not None and lease is None:
+                lease = self._entry_lease(state, keep, deadline, subject)
+            body = api.cache_swap_txn(keys, int(kv.get("mod_revision", 0)), stale, lease or 0)
+            try:
+                answer = self._txn(body, deadline, subject, "invalidate")
+            except _LeaseNotFound:
+                self._forget_entry_leases(state, {lease or 0})
+                lease = None
+                continue
+            if api.txn_succeeded(answer):
+                return True
+            # Written since it was read (by this very swap, whose answer was lost, too):
+            # swap what is there now.
+            found = api.txn_ranges(answer)
+            kv = found[0] if found else None
+        # Every swap met a newer write, made after this call began: the invalidation is
+        # ordered before them, as it would have been had it come first.
+        return True
+
+    def cache_clear(self, gen_key: str) -> int:
+        deadline = self._deadline()
+        state = self._state()
+        subject = _GenerationName(gen_key)
+        key = api.generation_key(self.prefix, gen_key)
+        with state.mutex:
+            generation, mod = state.generations.get(gen_key, (0, 0))
+        for _ in range(SWAP_TRIES):
+            body = api.generation_bump_txn(key, mod, generation + 1)
+            answer = self._txn(body, deadline, subject, "clear")
+            if api.txn_succeeded(answer):
+                with state.mutex:
+                    state.generations[gen_key] = (generation + 1, api.txn_revision(answer))
+                return generation + 1
+            # Bumped since last seen (by this very bump, whose answer was lost, too: then
+            # this bumps it once more, which changes nothing for readers).
+            found = api.txn_ranges(answer)
+            generation, mod = self._generation(state, gen_key, found[0] if found else None)
+        raise BackendError(
+            f"{self._where(subject, 'clear')}: it changed at each of {SWAP_TRIES} tries "
+            "(other clients clear it without pause)"
+        )
+
+    def cache_count(self, key_prefix: str) -> int | None:
+        answer = self._post(
+            "/v3/kv/range",
+            api.cache_count_request(self.prefix, key_prefix),
+            self._deadline(),
+            _Described(f"the cache keys under {key_prefix!r}"),
+            "count",
+        )
+        return int(answer.get("count", 0))
+
     # -- wake-ups -----------------------------------------------------------------------
 
     def waiter(self, name: str) -> EtcdWaiter:
@@ -1882,8 +2338,10 @@ class EtcdBackend(Backend):
             state.feeds.clear()
             reaper = state.reaper
             unused = list(state.pending.values()) + [p.lease for p in state.places.values()]
+            unused += [lease for spares in state.spares.values() for lease in spares]
             state.pending.clear()
             state.places.clear()
+            state.spares.clear()
         for feed in feeds:
             feed.stop()
         if reaper is not None:

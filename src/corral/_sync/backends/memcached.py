@@ -2,49 +2,57 @@
 # Edit the asyncio flavour and run `python scripts/unasync.py`.
 """`memcached://host:port`: locks on one memcached server (>= 1.6.10, for the meta protocol).
 
-The keys, values, the meta protocol and the connections live in
-`corral.backends.memcached_proto`, the atomic steps of each primitive and the
-waiting queue in `corral.backends.memcached_locks` (blocking, shared by both
-flavours; their docstrings say why each is as it is, and why corral speaks the
-meta protocol itself instead of going through pymemcache). This class runs
-them off the event loop and wakes this process's waiters.
+The keys, values and the meta protocol's framing live in
+`corral.backends.memcached_proto` (no I/O, shared by both flavours); the
+connections and round trips in `memcached_conn`, the atomic steps of each
+primitive and the waiting queue in `memcached_locks` beside this file (their
+docstrings say why each is as it is, and why corral speaks the meta protocol
+itself instead of going through pymemcache). This class delegates to them and
+wakes this process's waiters.
 
-**Why a worker thread per call, not asyncio I/O.** The blocking flavour is
-generated from this file, so whatever this file awaits must have a blocking
-twin; a hand-written asyncio client would be a second implementation of the
-protocol and the connection handling, the drift corral exists to avoid. A
-round trip to memcached is a fraction of a millisecond, and the thread hop
-(`run_sync`, as the SQLite backend does) costs about as much again, on the
-default executor's threads. Every call is bounded by `timeout` inside the
-blocking code, so a worker thread never hangs on a dead server. The price:
-a cancelled call still finishes in its thread. For an acquisition attempt
-that matters (the lock logic then releases the attempt's owner, and that
-release must not overtake the acquisition), so each attempt takes an
-`AttemptTicket` first; see there.
+**asyncio all the way down.** In this flavour every round trip is awaited on
+an asyncio transport: no thread per call, and a cancelled call stops where it
+is (its connection is closed, never reused; see "Cancellation" in
+`memcached_conn`). The blocking flavour is generated from these same files, so
+the protocol and the connection handling still exist once; only the stream
+underneath (`Stream` in `_compat`) is written twice. An acquisition cancelled
+after its compare-and-swap was sent may have taken the lock: the lock logic
+runs every attempt to its end in a task of its own and releases what it took
+only then, so that release never overtakes the acquisition it undoes.
 
 memcached cannot push a release to other processes, so their waiters poll
 with the lock logic's capped, jittered backoff; releases made in this process
 wake its waiters at once through the local bus. Fair locks and waiters that
 pass `queue_ttl` keep places in a queue built from memcached's atomic steps
-(see `corral.backends.memcached_locks`): in arrival order, each alive only
+(see `memcached_locks`): in arrival order, each alive only
 while its waiter refreshes it, respected by every attempt; an eviction or a
 restart can reorder or forget the queue, never break exclusion.
 
-Semaphores (`corral.backends.memcached_semaphores`) keep a key per slot, each
+Semaphores (`memcached_slots`) keep a key per slot, each
 taken as a free lock is, and poll the same way: a slot released in this
 process wakes this process's waiters of that semaphore through
 `semaphore_bus`; others find the free slot at their next attempt.
+
+Cache entries (`memcached_cache`) are items kept by memcached's
+own expiry, read with their namespace's generation in one round trip. A read
+that asks for a claim uses the base class's form: the read, then, only when the
+entry is due, a lock attempt (the lock's own, with its token and its wake-ups).
+memcached runs no scripts, so the two cannot be one atomic step; sending the
+lock's probe along with every read would save a round trip on a due entry only
+by making every read of a fresh entry write (a placeholder, and a draw from the
+fencing counter every client shares), so it is not done.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from corral._sync._compat import run_sync
 from corral._sync.backends.base import Backend
-from corral.backends.memcached_locks import MemcachedLocks
+from corral._sync.backends.memcached_cache import MemcachedCache
+from corral._sync.backends.memcached_locks import MemcachedLocks
+from corral._sync.backends.memcached_slots import MemcachedSemaphores
 from corral.backends.memcached_proto import OPTIONS, MemcachedOptions, parse_url
-from corral.backends.memcached_semaphores import MemcachedSemaphores
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock
 from corral.core.options import Option
@@ -112,6 +120,11 @@ class MemcachedBackend(Backend):
             "a key per slot (`<name>#<i>`, i < limit <= 100), each taken by compare-and-swap on "
             "the placeholder its probe left, with the limit in a header key"
         ),
+        cache=(
+            "an item per entry, kept by memcached's whole-second expiry (ceil(keep) + 2 s) "
+            "unless evicted first, read with the namespace's generation counter in one round "
+            "trip; a due read then tries the lock (a second step, not atomic with the read)"
+        ),
     )
 
     url_options: ClassVar[tuple[Option, ...]] = OPTIONS
@@ -120,6 +133,7 @@ class MemcachedBackend(Backend):
         super().__init__()
         self._locks = MemcachedLocks(options)
         self._semaphores = MemcachedSemaphores(self._locks.client, options)
+        self._cache = MemcachedCache(self._locks.client)
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock, **options: Any) -> MemcachedBackend:
@@ -146,32 +160,28 @@ class MemcachedBackend(Backend):
     ) -> Attempt:
         if replicas:
             raise ConfigError(f"{self.server} does not support replicas=N")
-        ticket = self._locks.begin_attempt(name, owner)
-        try:
-            return run_sync(self._locks.try_acquire, ticket, ttl, queue_ttl)
-        finally:
-            ticket.abandon()  # if the attempt never started, it never will
+        return self._locks.try_acquire(name, owner, ttl, queue_ttl)
 
     def release(self, name: str, owner: str, hold_for: float = 0.0) -> Outcome:
-        outcome = run_sync(self._locks.release, name, owner, hold_for)
+        outcome = self._locks.release(name, owner, hold_for)
         if outcome is Outcome.OK and hold_for <= 0:
             self.local_bus.notify(name)
         return outcome
 
     def extend(self, name: str, owner: str, ttl: float) -> Outcome:
-        return run_sync(self._locks.extend, name, owner, ttl)
+        return self._locks.extend(name, owner, ttl)
 
     def inspect(self, name: str) -> LockInfo | None:
-        return run_sync(self._locks.inspect, name)
+        return self._locks.inspect(name)
 
     def force_release(self, name: str) -> bool:
-        released = run_sync(self._locks.force_release, name)
+        released = self._locks.force_release(name)
         if released:
             self.local_bus.notify(name)
         return released
 
     def leave_queue(self, name: str, owner: str) -> None:
-        if run_sync(self._locks.leave_queue, name, owner):
+        if self._locks.leave_queue(name, owner):
             self.local_bus.notify(name)  # the next in line may be waiting in this process
 
     # -- semaphores: a slot key per slot, each taken as a free lock is -------------
@@ -185,34 +195,52 @@ class MemcachedBackend(Backend):
         *,
         queue_ttl: float | None = None,
     ) -> Attempt:
-        ticket = self._semaphores.begin_attempt(name, owner)
-        try:
-            return run_sync(self._semaphores.try_acquire, ticket, ttl, limit, queue_ttl)
-        finally:
-            ticket.abandon()  # if the attempt never started, it never will
+        return self._semaphores.try_acquire(name, owner, ttl, limit, queue_ttl)
 
     def sem_release(self, name: str, owner: str, hold_for: float = 0.0) -> Outcome:
-        outcome = run_sync(self._semaphores.release, name, owner, hold_for)
+        outcome = self._semaphores.release(name, owner, hold_for)
         if outcome is Outcome.OK and hold_for <= 0:
             self.semaphore_bus.notify(name)
         return outcome
 
     def sem_extend(self, name: str, owner: str, ttl: float) -> Outcome:
-        return run_sync(self._semaphores.extend, name, owner, ttl)
+        return self._semaphores.extend(name, owner, ttl)
 
     def sem_inspect(self, name: str) -> SemaphoreInfo | None:
-        return run_sync(self._semaphores.inspect, name)
+        return self._semaphores.inspect(name)
 
     def sem_force_release(self, name: str) -> int:
-        freed = run_sync(self._semaphores.force_release, name)
+        freed = self._semaphores.force_release(name)
         if freed:
             self.semaphore_bus.notify(name)
         return freed
 
     def sem_leave_queue(self, name: str, owner: str) -> None:
-        run_sync(self._semaphores.leave_queue, name, owner)
+        self._semaphores.leave_queue(name, owner)
         # A waiter behind this one may now be among those a free slot lets in.
         self.semaphore_bus.notify(name)
 
+    # -- cache entries: an item per entry, a counter per namespace ------------------
+
+    def cache_fetch(self, keys: Sequence[str], gen_key: str) -> tuple[list[bytes | None], int]:
+        return self._cache.fetch(list(keys), gen_key)
+
+    def cache_store(self, items: Sequence[tuple[str, bytes, float]]) -> None:
+        self._cache.store(list(items))
+
+    def cache_delete(self, key: str) -> bool:
+        return self._cache.delete(key)
+
+    def cache_invalidate(self, key: str, keep: float) -> bool:
+        return self._cache.invalidate(key, keep)
+
+    def cache_clear(self, gen_key: str) -> int:
+        return self._cache.clear(gen_key)
+
     def close(self) -> None:
-        run_sync(self._locks.close)
+        self._locks.close()
+
+    def cache_raise_generation(self, gen_key: str, at_least: int) -> int:
+        """Raise the namespace's generation to at least `at_least` (never lower it); the
+        generation it has then. One compare-and-swap, again if a clear came in between."""
+        return self._cache.raise_generation(gen_key, at_least)

@@ -10,15 +10,17 @@ operations under that lock: atomic by construction.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from corral._sync.backends.base import Backend
 from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock, SystemClock
+from corral.core.envelope import claim_due, mark_stale
 from corral.core.forks import ProcessLock
 from corral.core.options import merge_options
-from corral.core.primitives import Attempt, LockInfo, Outcome, SemaphoreInfo
+from corral.core.primitives import Attempt, CacheRead, Claim, LockInfo, Outcome, SemaphoreInfo
 
 __all__ = ["MemoryBackend"]
 
@@ -38,7 +40,7 @@ class _Semaphore:
 
 
 # Which table an expiry in the heap belongs to.
-_LOCK, _SEMAPHORE = 0, 1
+_LOCK, _SEMAPHORE, _CACHE = 0, 1, 2
 
 
 class MemoryBackend(Backend):
@@ -58,7 +60,10 @@ class MemoryBackend(Backend):
         fencing_tokens="one counter for the whole store, in the process: 1, 2, 3...",
         state_per_name="nothing: expired locks and queue places are dropped as time passes",
         semaphores="a dict of slots per name, in the process",
+        cache="a dict of entries, in the process; one call reads and claims",
     )
+
+    claims_with_read: ClassVar[bool] = True
 
     def __init__(self, *, clock: Clock | None = None, name: str = "") -> None:
         super().__init__()
@@ -72,6 +77,9 @@ class MemoryBackend(Backend):
         self._queues: dict[str, dict[str, float]] = {}
         self._semaphores: dict[str, _Semaphore] = {}
         self._sem_queues: dict[str, dict[str, float]] = {}
+        # Cache entries: key -> (bytes, expires_at); namespace generations.
+        self._entries: dict[str, tuple[bytes, float]] = {}
+        self._generations: dict[str, int] = {}
         # (when, table, name): every expiry ever set, soonest first, so expired entries
         # of names nobody looks up again are still dropped (see `_sweep`).
         self._expiries: list[tuple[float, int, str]] = []
@@ -105,6 +113,7 @@ class MemoryBackend(Backend):
             live += [
                 (t, _SEMAPHORE, n) for n, queue in self._sem_queues.items() for t in queue.values()
             ]
+            live += [(t, _CACHE, key) for key, (_, t) in self._entries.items()]
             live.append((when, table, name))
             heapq.heapify(live)
             self._expiries = live
@@ -123,6 +132,8 @@ class MemoryBackend(Backend):
             if table == _LOCK:
                 self._live(name, now)
                 self._queue_head(name, now)
+            elif table == _CACHE:
+                self._live_entry(name, now)
             else:
                 self._live_slots(name, now)
                 self._queue_places(self._sem_queues, name, now)
@@ -178,19 +189,25 @@ class MemoryBackend(Backend):
         with self._mutex:
             now = self._clock.now()
             self._sweep(now)
-            entry = self._live(name, now)
-            if queue_ttl is not None:
-                # Dicts keep arrival order; refreshing keeps the place.
-                self._queues.setdefault(name, {})[owner] = self._expires(name, now + queue_ttl)
-            if entry is not None:
-                return Attempt(False, holder_ttl=entry.expires_at - now)
-            head = self._queue_head(name, now)
-            if head is not None and head != owner:
-                return Attempt(False, holder_ttl=None)  # every attempt respects the queue
-            self._last_token += 1
-            self._locks[name] = _Entry(owner, self._last_token, self._expires(name, now + ttl))
-            self._leave(name, owner)
-            return Attempt(True, token=self._last_token)
+            return self._attempt(name, owner, ttl, queue_ttl, now)
+
+    def _attempt(
+        self, name: str, owner: str, ttl: float, queue_ttl: float | None, now: float
+    ) -> Attempt:
+        """One attempt; the caller holds `self._mutex`."""
+        entry = self._live(name, now)
+        if queue_ttl is not None:
+            # Dicts keep arrival order; refreshing keeps the place.
+            self._queues.setdefault(name, {})[owner] = self._expires(name, now + queue_ttl)
+        if entry is not None:
+            return Attempt(False, holder_ttl=entry.expires_at - now)
+        head = self._queue_head(name, now)
+        if head is not None and head != owner:
+            return Attempt(False, holder_ttl=None)  # every attempt respects the queue
+        self._last_token += 1
+        self._locks[name] = _Entry(owner, self._last_token, self._expires(name, now + ttl))
+        self._leave(name, owner)
+        return Attempt(True, token=self._last_token)
 
     def release(self, name: str, owner: str, hold_for: float = 0.0) -> Outcome:
         with self._mutex:
@@ -355,6 +372,75 @@ class MemoryBackend(Backend):
             self._leave(name, owner, self._sem_queues)
         # A waiter behind this one may now be among those a free slot lets in.
         self.semaphore_bus.notify(name)
+
+    # -- cache entries ---------------------------------------------------------
+
+    def _live_entry(self, key: str, now: float) -> bytes | None:
+        found = self._entries.get(key)
+        if found is None:
+            return None
+        if found[1] <= now:
+            del self._entries[key]
+            return None
+        return found[0]
+
+    def cache_fetch(self, keys: Sequence[str], gen_key: str) -> tuple[list[bytes | None], int]:
+        with self._mutex:
+            now = self._clock.now()
+            self._sweep(now)
+            return [self._live_entry(key, now) for key in keys], self._generations.get(gen_key, 0)
+
+    def cache_read(self, key: str, gen_key: str, claim: Claim | None = None) -> CacheRead:
+        with self._mutex:
+            now = self._clock.now()
+            self._sweep(now)
+            entry = self._live_entry(key, now)
+            generation = self._generations.get(gen_key, 0)
+            attempt = None
+            if claim is not None and claim_due(entry, generation, claim.due_before):
+                attempt = self._attempt(claim.lock, claim.owner, claim.ttl, None, now)
+            return CacheRead(entry, generation, attempt)
+
+    def cache_store(self, items: Sequence[tuple[str, bytes, float]]) -> None:
+        with self._mutex:
+            now = self._clock.now()
+            for key, data, keep in items:
+                if keep <= 0:
+                    self._entries.pop(key, None)
+                    continue
+                self._entries[key] = (bytes(data), self._expires(key, now + keep, _CACHE))
+
+    def cache_delete(self, key: str) -> bool:
+        with self._mutex:
+            now = self._clock.now()
+            found = self._live_entry(key, now) is not None
+            self._entries.pop(key, None)
+            return found
+
+    def cache_invalidate(self, key: str, keep: float) -> bool:
+        with self._mutex:
+            now = self._clock.now()
+            data = self._live_entry(key, now)
+            if data is None:
+                return False
+            stale = mark_stale(data) if keep > 0 else None
+            if stale is None:
+                del self._entries[key]
+            else:
+                self._entries[key] = (stale, self._expires(key, now + keep, _CACHE))
+            return True
+
+    def cache_clear(self, gen_key: str) -> int:
+        with self._mutex:
+            generation = self._generations.get(gen_key, 0) + 1
+            self._generations[gen_key] = generation
+            return generation
+
+    def cache_count(self, key_prefix: str) -> int | None:
+        with self._mutex:
+            now = self._clock.now()
+            self._sweep(now)
+            return sum(1 for key in self._entries if key.startswith(key_prefix))
 
     def close(self) -> None:
         return None

@@ -31,6 +31,13 @@ sorted set of slots scored by expiry, one script per primitive, and slot
 releases that push to the semaphore's lists: one token per free slot the
 queue leaves to waiters outside it, and a push to each queued waiter that may
 take a free slot now.
+
+Cache entries are plain strings under keys of their own, each written with a PX
+expiry (the server forgets it by its own clock), and a namespace's generation is
+a counter beside them. A read is one MGET of the entries and the generation; a
+read that may claim the recompute lock is one script, which reads, decides from
+the entry's fixed-width header whether it is due and, if so, runs the lock's
+own acquisition script (see `redis_scripts.CACHE_READ`).
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ import contextlib
 import logging
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, ClassVar
@@ -69,7 +76,15 @@ from corral.core.capabilities import Capabilities
 from corral.core.clock import Clock
 from corral.core.forks import ProcessLock
 from corral.core.options import Option, merge_options
-from corral.core.primitives import Attempt, LockInfo, Outcome, SemaphoreInfo
+from corral.core.primitives import (
+    Attempt,
+    CacheRead,
+    Claim,
+    ClientBusy,
+    LockInfo,
+    Outcome,
+    SemaphoreInfo,
+)
 from corral.core.validate import check_timeout
 from corral.errors import BackendError, BackendUnavailable, ConfigError
 
@@ -103,6 +118,14 @@ def _ms(seconds: float) -> int:
     return max(1, math.ceil(round(seconds * 1000, 6)))
 
 
+def _lua_number(seconds: float) -> str:
+    """A time for a script to compare with: Lua's tonumber reads repr() back to the same
+    double, but not "inf" or "nan", which become numbers that compare the same way."""
+    if math.isnan(seconds):
+        return "-1e308"  # `x <= nan` is false in Python: nothing is due by time
+    return repr(min(max(seconds, -1e308), 1e308))
+
+
 # Connections the hot path keeps out of the pool between calls (see `_borrow`).
 MAX_SPARES = 8
 # A pool "without a limit" (redis-py wants a number).
@@ -113,6 +136,8 @@ KNOWN_KEYS = 4096
 BLOCK_AT_LEAST = 0.2
 # How late Redis may end a blocked pop: its timers run on a clock tick, 10 a second.
 TICK = 0.1
+# Keys SCAN looks at per round trip when counting cache entries.
+SCAN_BATCH = 1000
 # Waiters of one process that may each block a connection of their own (BLPOP); more
 # wait on the pub/sub feed, which serves any number over one connection.
 MAX_BLOCKING = 64
@@ -350,7 +375,14 @@ class RedisWaiter(SubscribingWaiter):
     waiter listen to the pub/sub feed instead.
     """
 
-    def __init__(self, backend: RedisBackend, name: str, *, semaphore: bool = False) -> None:
+    def __init__(
+        self,
+        backend: RedisBackend,
+        name: str,
+        *,
+        semaphore: bool = False,
+        every_release: bool = False,
+    ) -> None:
         super().__init__(backend.semaphore_bus if semaphore else backend.local_bus, name)
         self._backend = backend
         # A semaphore's waiters wait on lists and a channel of its own, which its slot
@@ -361,9 +393,11 @@ class RedisWaiter(SubscribingWaiter):
         self._kind = "semaphore" if semaphore else "lock"
         self._channel = self._keys.channel
         self._blocking = False
+        # A list hands each release's token to one waiter; the feed tells every listener.
+        self._every_release = every_release
 
     def __enter__(self) -> RedisWaiter:
-        if self._backend._take_blocking_slot():
+        if not self._every_release and self._backend._take_blocking_slot():
             self._blocking = True
             # The failed attempt set the marker, so any release since pushed a token
             # that the first pop will take: no need to attempt again before waiting.
@@ -457,7 +491,12 @@ class RedisBackend(Backend):
             "a sorted set of slot owners scored by their expiry on the server's clock, "
             "with each slot's token and the limit in a hash, changed by one Lua script each"
         ),
+        cache=(
+            "strings kept with a PX expiry by the Redis server's clock; one Lua script "
+            "reads an entry and claims its recompute lock"
+        ),
     )
+    claims_with_read: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -487,6 +526,9 @@ class RedisBackend(Backend):
         self._sem_inspect = self._client.register_script(scripts.SEM_INSPECT)
         self._sem_force_release = self._client.register_script(scripts.SEM_FORCE_RELEASE)
         self._sem_leave_queue = self._client.register_script(scripts.SEM_LEAVE_QUEUE)
+        self._cache_read = self._client.register_script(scripts.CACHE_READ)
+        self._cache_invalidate = self._client.register_script(scripts.CACHE_INVALIDATE)
+        self._cache_raise = self._client.register_script(scripts.CACHE_RAISE_GENERATION)
         self._feed_mutex = ProcessLock()
         self._feed: ReleaseFeed | None = None
         self._spares: list[Any] | None = (
@@ -501,7 +543,7 @@ class RedisBackend(Backend):
         self._blocking_pid = forks.pid()
         self._blocking_refused = False
 
-    url_options = (
+    url_options: ClassVar[tuple[Option, ...]] = (
         Option(
             "prefix", f"`{scripts.DEFAULT_PREFIX}`", "first part of every key corral writes", "app"
         ),
@@ -610,14 +652,29 @@ class RedisBackend(Backend):
     # -- errors -----------------------------------------------------------------
 
     def _error(
-        self, exc: BaseException, name: str, action: str, kind: str = "lock"
+        self,
+        exc: BaseException,
+        name: str,
+        action: str,
+        kind: str = "lock",
+        where: str | None = None,
     ) -> BackendError:
-        """The corral error for a redis-py failure: names the lock and server, says what to do."""
-        where = f"{kind} {name!r} on {self._server}: could not {action} it"
+        """The corral error for a redis-py failure: names the lock and server, says what to do.
+
+        `where` replaces the opening "<kind> <name> on <server>: could not <action> it".
+        """
+        if where is None:
+            where = f"{kind} {name!r} on {self._server}: could not {action} it"
         if isinstance(exc, AuthenticationError):
             return BackendUnavailable(
                 f"{where}: Redis refused the credentials ({exc}); check the user and "
                 "password in the URL"
+            )
+        if isinstance(exc, RedisConnectionError) and str(exc) == "No connection available.":
+            # redis-py's BlockingConnectionPool: this process's connections stayed lent out.
+            return ClientBusy(
+                f"{where}: all {getattr(self._pool, 'max_connections', '')} connections stayed "
+                f"busy for {self._timeout:g} s; raise max_connections= or timeout="
             )
         if isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError)):
             return BackendUnavailable(
@@ -631,7 +688,8 @@ class RedisBackend(Backend):
             )
         return BackendError(
             f"{where}: Redis answered with an error ({exc}); check the server's logs, "
-            "its ACL permissions (EVALSHA, BLPOP, PUBLISH, SUBSCRIBE) and maxmemory settings"
+            "its ACL permissions (EVALSHA, BLPOP, PUBLISH, SUBSCRIBE; for caches also MGET, "
+            "SET, DEL, INCR, SCAN) and maxmemory settings"
         )
 
     # -- primitives ---------------------------------------------------------------
@@ -644,13 +702,38 @@ class RedisBackend(Backend):
         keys: list[str],
         args: list[str],
         kind: str = "lock",
+        *,
+        raw: bool = False,
+        where: str | None = None,
     ) -> Any:
         """EVALSHA on a pooled connection, straight from the connection.
 
         redis-py's client path adds retries (disabled here anyway), events and
         metrics around every command; on the lock's hot path that costs more
         than the server's work. The script text is sent once if the server has
-        lost its script cache (restart, SCRIPT FLUSH).
+        lost its script cache (restart, SCRIPT FLUSH). `raw` leaves the answer's
+        strings as bytes (cache entries are not text).
+        """
+        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        answers = self._send((command,), name, action, kind, raw=raw, where=where, script=script)
+        return answers[0]
+
+    def _send(
+        self,
+        commands: Sequence[tuple[Any, ...]],
+        name: str,
+        action: str,
+        kind: str = "lock",
+        *,
+        raw: bool = False,
+        where: str | None = None,
+        script: Script | None = None,
+    ) -> list[Any]:
+        """Send `commands` in one write and read their answers: one round trip.
+
+        Every answer is read before an error answer is raised, so the connection
+        stays in step and goes back to the pool. With `script`, the first command
+        is its EVALSHA, sent again as EVAL if the server does not know the script.
         """
         # redis-py types these connection-level calls unevenly across its two flavours.
         pool: Any = self._pool
@@ -658,27 +741,36 @@ class RedisBackend(Backend):
         try:
             connection: Any = self._borrow()
         except (RedisError, OSError) as exc:
-            raise self._error(exc, name, action, kind) from exc
+            raise self._error(exc, name, action, kind, where) from exc
         sound = False
         try:
-            try:
-                command = ("EVALSHA", script.sha, len(keys), *keys, *args)
-                if pack_command is None:
-                    connection.send_command(*command)
-                else:  # hiredis packs in C what redis-py would walk through in Python
-                    connection.send_packed_command([pack_command(command)], False)
-                result = connection.read_response()
-            except NoScriptError:
-                connection.send_command("EVAL", script.script, len(keys), *keys, *args)
-                result = connection.read_response()
+            if pack_command is None:
+                packed = connection.pack_commands(commands)
+            else:  # hiredis packs in C what redis-py would walk through in Python
+                packed = [pack_command(command) for command in commands]
+            connection.send_packed_command(packed, False)
+            answers: list[Any] = []
+            for _ in commands:
+                try:
+                    answers.append(connection.read_response(disable_decoding=raw))
+                except ResponseError as exc:  # the server's error reply: read on
+                    answers.append(exc)
             sound = True
-            return result
+            if script is not None and isinstance(answers[0], NoScriptError):
+                sound = False
+                connection.send_command("EVAL", script.script, *commands[0][2:])
+                answers[0] = connection.read_response(disable_decoding=raw)
+                sound = True
+            for answer in answers:
+                if isinstance(answer, ResponseError):
+                    raise answer
+            return answers
         except ResponseError as exc:  # the server's error reply: the connection is fine
             sound = True
-            raise self._error(exc, name, action, kind) from exc
+            raise self._error(exc, name, action, kind, where) from exc
         except (RedisError, OSError) as exc:
             connection.disconnect()
-            raise self._error(exc, name, action, kind) from exc
+            raise self._error(exc, name, action, kind, where) from exc
         except BaseException:
             # Cancelled between the command and its answer: the connection would hand
             # the stale answer to the next caller, so it is dropped, not reused.
@@ -974,10 +1066,166 @@ class RedisBackend(Backend):
     def sem_waiter(self, name: str) -> RedisWaiter:
         return RedisWaiter(self, name, semaphore=True)
 
+    # -- cache entries --------------------------------------------------------------
+
+    def _cache_where(self, what: str, action: str) -> str:
+        return f"{what} on {self._server}: could not {action}"
+
+    def _entries_where(self, keys: Sequence[str], action: str) -> str:
+        if len(keys) == 1:
+            return self._cache_where(f"cache entry {keys[0]!r}", f"{action} it")
+        shown = f"{keys[0]!r}, ..." if keys else "none"
+        return self._cache_where(f"{len(keys)} cache entries ({shown})", f"{action} them")
+
+    def _generation(self, stored: Any, gen_key: str) -> int:
+        """A namespace's generation as stored (bytes or str, None when never bumped)."""
+        if stored is None:
+            return 0
+        text = stored.decode("ascii", "replace") if isinstance(stored, bytes) else str(stored)
+        if not text.isdigit():
+            raise BackendError(
+                f"cache namespace {gen_key!r} on {self._server}: its generation key holds "
+                f"{text[:40]!r}, which corral did not write; another program uses the same "
+                "key prefix (choose another prefix=)"
+            )
+        return int(text)
+
+    def _cache_key(self, key: str) -> str:
+        """The Redis key of cache entry `key` (Redis Cluster puts it in its lock's slot)."""
+        return scripts.cache_key(self.prefix, key)
+
+    def cache_fetch(self, keys: Sequence[str], gen_key: str) -> tuple[list[bytes | None], int]:
+        # One MGET: the entries and, last, the generation.
+        command = (
+            "MGET",
+            *(self._cache_key(key) for key in keys),
+            scripts.cache_gen_key(self.prefix, gen_key),
+        )
+        (found,) = self._send(
+            (command,),
+            keys[0] if keys else gen_key,
+            "read",
+            "cache entry",
+            raw=True,
+            where=self._entries_where(keys, "read"),
+        )
+        return list(found[:-1]), self._generation(found[-1], gen_key)
+
+    def cache_read(self, key: str, gen_key: str, claim: Claim | None = None) -> CacheRead:
+        keys = [self._cache_key(key), scripts.cache_gen_key(self.prefix, gen_key)]
+        args = [""]
+        if claim is not None:
+            lock = self._keys(claim.lock)
+            keys += [
+                lock.lock,
+                lock.fence,
+                lock.queue,
+                lock.queue_expiry,
+                lock.waiting,
+                lock.wake(claim.owner),
+            ]
+            args = [
+                _lua_number(claim.due_before),
+                claim.owner,
+                str(_ms(claim.ttl)),
+                "",
+                str(_ms(lockflow.NOTIFIED_RECHECK * scripts.WAITING_PAUSES)),
+            ]
+        result = self._run(
+            self._cache_read,
+            key,
+            "read",
+            keys,
+            args,
+            raw=True,
+            where=self._cache_where(f"cache entry {key!r}", "read it"),
+        )
+        entry, generation = result[0], self._generation(result[1], gen_key)
+        granted = int(result[2])
+        return claimed_read(entry, generation, granted, result[3] if granted >= 0 else 0)
+
+    def cache_store(self, items: Sequence[tuple[str, bytes, float]]) -> None:
+        if not items:
+            return
+        keys = [key for key, _, _ in items]
+        self._send(
+            self._store_commands(items),
+            keys[0],
+            "store",
+            "cache entry",
+            where=self._entries_where(keys, "store"),
+        )
+
+    def _store_commands(self, items: Sequence[tuple[str, bytes, float]]) -> list[tuple[Any, ...]]:
+        """SET with a PX expiry each (whole ms, rounded up), DEL for keep <= 0."""
+        return [
+            ("SET", self._cache_key(key), data, "PX", _ms(keep))
+            if keep > 0
+            else ("DEL", self._cache_key(key))
+            for key, data, keep in items
+        ]
+
+    def cache_delete(self, key: str) -> bool:
+        (deleted,) = self._send((("DEL", self._cache_key(key)),), key, "delete", "cache entry")
+        return bool(deleted)
+
+    def cache_invalidate(self, key: str, keep: float) -> bool:
+        result = self._run(
+            self._cache_invalidate,
+            key,
+            "invalidate",
+            [self._cache_key(key)],
+            [str(_ms(keep)) if keep > 0 else "0"],
+            "cache entry",
+        )
+        return bool(int(result))
+
+    def cache_clear(self, gen_key: str) -> int:
+        (generation,) = self._send(
+            (("INCR", scripts.cache_gen_key(self.prefix, gen_key)),),
+            gen_key,
+            "clear",
+            "cache namespace",
+        )
+        return int(generation)
+
+    def cache_raise_generation(self, gen_key: str, at_least: int) -> int:
+        result = self._run(
+            self._cache_raise,
+            gen_key,
+            "raise the generation of",
+            [scripts.cache_gen_key(self.prefix, gen_key)],
+            [str(at_least)],
+            "cache namespace",
+        )
+        return self._generation(result, gen_key)
+
+    def cache_count(self, key_prefix: str) -> int | None:
+        # SCAN walks the whole keyspace, a batch per round trip; it may return a key
+        # twice (while the server rehashes), hence the set. Expired keys are not returned.
+        pattern = scripts.cache_pattern(self.prefix, key_prefix)
+        seen: set[bytes] = set()
+        cursor: Any = b"0"
+        while True:
+            (answer,) = self._send(
+                (("SCAN", cursor, "MATCH", pattern, "COUNT", SCAN_BATCH),),
+                key_prefix,
+                "count the entries of",
+                "cache key prefix",
+                raw=True,
+            )
+            cursor, found = answer
+            seen.update(found)
+            if int(cursor) == 0:
+                return len(seen)
+
     # -- wake-ups -------------------------------------------------------------------
 
     def waiter(self, name: str) -> RedisWaiter:
         return RedisWaiter(self, name)
+
+    def watcher(self, name: str) -> RedisWaiter:
+        return RedisWaiter(self, name, every_release=True)
 
     def _keys(self, name: str) -> scripts.LockKeys:
         """The keys of `name`, remembered: the hot path would build them twice per cycle."""
@@ -1101,3 +1349,16 @@ class RedisBackend(Backend):
         self._client.close()
         self._pool.disconnect()
         self._pubsub_pool.disconnect()
+
+
+def claimed_read(entry: bytes | None, generation: int, granted: int, number: Any) -> CacheRead:
+    """A cache read script's answer: `granted` < 0 when no claim was due, else the lock
+    attempt's (1 with its token in `number`, 0 with the holder's ms left or -1)."""
+    if granted < 0:
+        return CacheRead(entry, generation)
+    value = int(number)
+    if granted:
+        return CacheRead(entry, generation, Attempt(True, token=value))
+    return CacheRead(
+        entry, generation, Attempt(False, holder_ttl=value / 1000 if value >= 0 else None)
+    )

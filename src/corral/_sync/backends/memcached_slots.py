@@ -1,8 +1,11 @@
-"""The semaphore primitives on one memcached server (>= 1.6.10), shared by both flavours.
+# Generated from src/corral/_async/backends/memcached_slots.py by scripts/unasync.py: do not edit.
+# Edit the asyncio flavour and run `python scripts/unasync.py`.
+"""The semaphore primitives on one memcached server (>= 1.6.10), for both flavours.
 
-Built on the same blocking pieces as the lock (`corral.backends.memcached_locks`,
-whose docstring explains the placeholder, the fencing counter and the queue):
-this module only says how `limit` slots are kept.
+asyncio here; `corral._sync.backends.memcached_slots` is generated from
+this file. Built on the same pieces as the lock (`memcached_locks`, whose
+docstring explains the placeholder, the fencing counter and the queue): this
+module only says how `limit` slots are kept.
 
 **Slots.** Semaphore `name` of `limit` has `limit` slot keys, `<prefix>:slot:<name>#<i>`
 for 0 <= i < limit (hashed as a lock's keys are when too long or not printable),
@@ -74,23 +77,15 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from corral.backends.memcached_locks import (
+from corral._sync.backends.memcached_conn import Call, MemcachedClient
+from corral._sync.backends.memcached_locks import draw_token, parse_queue
+from corral.backends.memcached_proto import (
     CHECK_CHUNK,
     PLACEHOLDER_TTL,
-    Attempts,
-    AttemptTicket,
-    Place,
-    draw_token,
-    join_requests,
-    joined,
-    parse_queue,
-)
-from corral.backends.memcached_proto import (
     TTL_MARGIN,
-    Call,
     CasDisabled,
-    MemcachedClient,
     MemcachedOptions,
+    Place,
     ProtocolError,
     Reply,
     SemaphoreKeys,
@@ -98,6 +93,8 @@ from corral.backends.memcached_proto import (
     encode_slot,
     fence_key,
     fork_aware,
+    join_requests,
+    joined,
     lease_left,
     place_id,
     place_key,
@@ -195,7 +192,8 @@ def _header_ttl(ttl: float) -> str:
 
 
 class MemcachedSemaphores:
-    """The semaphore primitives on one memcached server; blocking, thread-safe, fork-safe."""
+    """The semaphore primitives on one memcached server; safe to share between tasks (or
+    threads, in the blocking flavour) and across fork."""
 
     def __init__(self, client: MemcachedClient, options: MemcachedOptions) -> None:
         self.client = client
@@ -203,7 +201,6 @@ class MemcachedSemaphores:
         self.timeout = options.timeout
         self.server = options.server
         self._fence = fence_key(options.prefix)
-        self._attempts = Attempts()
         self._remembered = _Remembered()
 
     # -- reading ------------------------------------------------------------------
@@ -265,34 +262,28 @@ class MemcachedSemaphores:
 
     # -- acquiring ----------------------------------------------------------------
 
-    def begin_attempt(self, name: str, owner: str) -> AttemptTicket:
-        """Register an attempt before it runs; see `AttemptTicket`."""
-        return self._attempts.add(name, owner)
-
     def try_acquire(
-        self, ticket: AttemptTicket, ttl: float, limit: int, queue_ttl: float | None = None
+        self, name: str, owner: str, ttl: float, limit: int, queue_ttl: float | None = None
     ) -> Attempt:
-        """One attempt to take a free slot of `limit`; see the module docstring."""
-        name, owner = ticket.name, ticket.owner
-        if not ticket.start():
-            return Attempt(False)  # the caller is gone; a slot taken now would be orphaned
-        try:
-            check_limit(name, limit, self.server)
-            seconds = server_ttl(ttl)
-            keys = semaphore_keys(self.prefix, name)
-            place = None
-            if queue_ttl is not None:
-                found = place_id(keys.header, owner)
-                ttl_sent = server_ttl(queue_ttl, "queue_ttl")
-                place = Place(found, place_key(self.prefix, found), ttl_sent)
-            with self.client.session(name, "acquire", _KIND) as call:
-                for _ in range(_ROUNDS):
-                    attempt = self._attempt(call, name, owner, keys, ttl, seconds, limit, place)
-                    if attempt is not None:
-                        return attempt
-            return Attempt(False)  # the chosen slots kept being taken first: try again later
-        finally:
-            ticket.finish()
+        """One attempt to take a free slot of `limit`; see the module docstring.
+
+        Cancelled once its compare-and-swap is sent, the attempt may have taken a
+        slot: the lock logic releases it after the attempt is over, as for a lock.
+        """
+        check_limit(name, limit, self.server)
+        seconds = server_ttl(ttl)
+        keys = semaphore_keys(self.prefix, name)
+        place = None
+        if queue_ttl is not None:
+            found = place_id(keys.header, owner)
+            ttl_sent = server_ttl(queue_ttl, "queue_ttl")
+            place = Place(found, place_key(self.prefix, found), ttl_sent)
+        with self.client.session(name, "acquire", _KIND) as call:
+            for _ in range(_ROUNDS):
+                attempt = self._attempt(call, name, owner, keys, ttl, seconds, limit, place)
+                if attempt is not None:
+                    return attempt
+        return Attempt(False)  # the chosen slots kept being taken first: try again later
 
     def _attempt(
         self,
@@ -489,7 +480,6 @@ class MemcachedSemaphores:
     def release(self, name: str, owner: str, hold_for: float = 0.0) -> Outcome:
         """Compare-and-delete the owner's slot; with `hold_for`, keep it closed that long."""
         hold = server_ttl(hold_for, "hold_for") if hold_for > 0 else None
-        self._attempts.wait(name, owner, self.timeout)
 
         def change(key: str, slot: _Slot) -> bytes:
             if hold is None:
@@ -537,7 +527,7 @@ class MemcachedSemaphores:
                     # Keep the header at least as long (re-adding it if it was evicted);
                     # one naming another limit is left alone: it is the identity.
                     writes += self._raise_header(keys, header, found.limit, lasting)
-                done = call(*writes)[0]
+                done = (call(*writes))[0]
                 if done.code == b"HD":
                     return Outcome.OK
                 if done.code not in (b"EX", b"NF"):
@@ -619,4 +609,5 @@ class MemcachedSemaphores:
             queue = parse_queue(self.client, name, keys.queue, reply, _KIND)
             if place in queue.entries:
                 kept = [entry for entry in queue.entries if entry != place]
-                call(queue.rewrite(keys.queue, kept, 1))  # EX: changed meanwhile; place is gone
+                # EX: changed meanwhile; the place is gone
+                call(queue.rewrite(keys.queue, kept, 1))

@@ -1,8 +1,11 @@
-"""The lock primitives on one memcached server (>= 1.6.10), shared by both flavours.
+# Generated from src/corral/_async/backends/memcached_locks.py by scripts/unasync.py: do not edit.
+# Edit the asyncio flavour and run `python scripts/unasync.py`.
+"""The lock primitives on one memcached server (>= 1.6.10), for both flavours.
 
-Everything here blocks, like `corral.backends.memcached_proto`, on which it is
-built: the asyncio backend calls it through `run_sync`, the generated blocking
-backend directly, so the compare-and-swap loops and the queue exist once.
+asyncio here; `corral._sync.backends.memcached_locks` is generated from this
+file, so the compare-and-swap loops and the queue exist once. Built on
+`memcached_conn` (connections, round trips) and `corral.backends.memcached_proto`
+(keys, values, the queue's encoding, with no I/O).
 `MemcachedLocks` holds the primitives of *one* server; a pool with client-side
 sharding will place each lock on a server by `LockKeys.route` and call that
 server's `MemcachedLocks`, unchanged.
@@ -89,23 +92,26 @@ the queue).
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
+from corral._sync.backends.memcached_conn import Call, MemcachedClient
 from corral.backends.memcached_proto import (
-    Call,
+    CHECK_CHUNK,
+    PLACEHOLDER_TTL,
     CasDisabled,
     LockKeys,
-    MemcachedClient,
     MemcachedOptions,
+    Place,
     ProtocolError,
+    QueueState,
     Reply,
     decode_value,
     encode_value,
     fence_key,
-    fork_aware,
+    holder_ttl,
+    join_requests,
+    joined,
     lease_left,
     lock_keys,
     place_id,
@@ -116,167 +122,17 @@ from corral.backends.memcached_proto import (
 from corral.core.primitives import Attempt, LockInfo, Outcome
 from corral.errors import BackendError
 
-__all__ = [
-    "CHECK_CHUNK",
-    "PLACEHOLDER_TTL",
-    "AttemptTicket",
-    "Attempts",
-    "MemcachedLocks",
-    "Place",
-    "QueueState",
-    "draw_token",
-    "holder_ttl",
-    "join_requests",
-    "joined",
-    "parse_queue",
-]
+__all__ = ["MemcachedLocks", "draw_token", "parse_queue"]
 
-PLACEHOLDER_TTL = 3
-"""Whole seconds a free lock's placeholder lives: room for the acquisition that follows its
-probe (a round trip later), and soon gone when nobody acquires."""
 _ROUNDS = 3
 """Probes per attempt when the placeholder vanished or was replaced by a fresh one."""
-CHECK_CHUNK = 16
-"""Places checked per round trip when entries are ahead of the caller in the queue."""
 _JOIN_TRIES = 3
 _CAS_RETRIES = 8
-_HEX = frozenset("0123456789abcdef")
-
-
-# -- attempts in flight -------------------------------------------------------------
-
-
-class AttemptTicket:
-    """An acquisition attempt in flight for one owner; its release waits until it is over.
-
-    The asyncio backend runs the attempt in a worker thread. If the waiting task
-    is cancelled, the lock logic releases the owner at once, while the thread may
-    still be about to take the lock: that release would find nothing and the lock
-    would stay held by an owner nobody knows until its TTL. So the ticket is taken
-    before the thread starts, the release waits for it, and an attempt whose
-    caller gave up before its thread started never runs.
-    """
-
-    def __init__(self, registry: Attempts, name: str, owner: str) -> None:
-        self._registry = registry
-        self.name = name
-        self.owner = owner
-        self._mutex = threading.Lock()
-        self._started = False
-        self._over = False
-        self.done = threading.Event()
-
-    def start(self) -> bool:
-        """Called by the attempt: False if its caller already gave up (then it must not run)."""
-        with self._mutex:
-            if self._over:
-                return False
-            self._started = True
-            return True
-
-    def finish(self) -> None:
-        with self._mutex:
-            self._over = True
-        self._registry.remove(self)
-        self.done.set()
-
-    def abandon(self) -> None:
-        """Called by the caller when it stops waiting: a ticket never started is over."""
-        with self._mutex:
-            if self._started:
-                return  # the attempt finishes (and ends the ticket) on its own
-            self._over = True
-        self._registry.remove(self)
-        self.done.set()
-
-
-class Attempts:
-    def __init__(self) -> None:
-        self._reset()
-        fork_aware(self)
-
-    def _reset(self) -> None:
-        self._mutex = threading.Lock()
-        self._tickets: dict[tuple[str, str], AttemptTicket] = {}
-
-    def after_fork(self) -> None:
-        self._reset()  # the child has no attempts in flight
-
-    def add(self, name: str, owner: str) -> AttemptTicket:
-        ticket = AttemptTicket(self, name, owner)
-        with self._mutex:
-            self._tickets[(name, owner)] = ticket
-        return ticket
-
-    def remove(self, ticket: AttemptTicket) -> None:
-        with self._mutex:
-            if self._tickets.get((ticket.name, ticket.owner)) is ticket:
-                del self._tickets[(ticket.name, ticket.owner)]
-
-    def wait(self, name: str, owner: str, timeout: float) -> None:
-        with self._mutex:
-            ticket = self._tickets.get((name, owner))
-        if ticket is not None:
-            ticket.done.wait(timeout)
-
-
-# -- the queue, with no I/O ----------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class QueueState:
-    """A lock's queue as one read saw it: place ids in arrival order, its CAS and TTL."""
-
-    entries: tuple[str, ...] = ()
-    cas: int | None = None
-    """None when there was no queue."""
-    ttl: int = 0
-    """Whole seconds it had left (memcached's `t`)."""
-
-    @staticmethod
-    def parse(value: bytes) -> tuple[str, ...] | None:
-        """The place ids in a queue's value, or None if corral did not write it."""
-        try:
-            entries = tuple(value.decode("ascii").split(" "))
-        except UnicodeDecodeError:
-            return None
-        if entries[-1:] != ("",) or not all(
-            len(e) == 32 and _HEX.issuperset(e) for e in entries[:-1]
-        ):
-            return None
-        return entries[:-1]
-
-    @staticmethod
-    def encode(entries: Sequence[str]) -> bytes:
-        return "".join(f"{entry} " for entry in entries).encode("ascii")
-
-    def ahead_of(self, place: str | None) -> tuple[str, ...]:
-        """The entries before `place`'s first one (all of them if it has none)."""
-        if place is not None and place in self.entries:
-            return self.entries[: self.entries.index(place)]
-        return self.entries
-
-    def rewrite(self, key: str, kept: Sequence[str], min_ttl: int) -> bytes:
-        """The compare-and-swap that leaves `kept` in the queue, no sooner gone than before."""
-        if not kept:
-            return request("md", key, f"C{self.cas}")
-        ttl = max(self.ttl + 1, min_ttl, 1)  # +1: a tick may pass before the write lands
-        return request("ms", key, f"C{self.cas}", f"T{ttl}", data=self.encode(kept))
-
-
-@dataclass(frozen=True, slots=True)
-class Place:
-    id: str
-    key: str
-    ttl: int
-    """The `T` that keeps it at least `queue_ttl` seconds."""
-
-
-# -- the primitives on one server -------------------------------------------------
 
 
 class MemcachedLocks:
-    """The lock primitives on one memcached server; blocking, thread-safe, fork-safe."""
+    """The lock primitives on one memcached server; safe to share between tasks (or threads,
+    in the blocking flavour) and across fork."""
 
     def __init__(self, options: MemcachedOptions) -> None:
         self.client = MemcachedClient(options)
@@ -284,39 +140,30 @@ class MemcachedLocks:
         self.timeout = options.timeout
         self.server = options.server
         self._fence = fence_key(options.prefix)
-        self._attempts = Attempts()
-
-    def begin_attempt(self, name: str, owner: str) -> AttemptTicket:
-        """Register an attempt before it runs; see `AttemptTicket`."""
-        return self._attempts.add(name, owner)
 
     def try_acquire(
-        self, ticket: AttemptTicket, ttl: float, queue_ttl: float | None = None
+        self, name: str, owner: str, ttl: float, queue_ttl: float | None = None
     ) -> Attempt:
         """One acquisition attempt; with `queue_ttl`, as a waiter that keeps its place.
 
         See "Acquisition and fencing tokens" and "The waiting queue" in the module
-        docstring.
+        docstring. Cancelled once its compare-and-swap is sent, the attempt may have
+        taken the lock: the lock logic releases it after the attempt is over (see
+        `memcached_conn`, "Cancellation").
         """
-        name, owner = ticket.name, ticket.owner
-        if not ticket.start():
-            return Attempt(False)  # the caller is gone; taking the lock now would orphan it
-        try:
-            seconds = server_ttl(ttl)
-            keys = lock_keys(self.prefix, name)
-            place = None
-            if queue_ttl is not None:
-                found = place_id(keys.lock, owner)
-                ttl_sent = server_ttl(queue_ttl, "queue_ttl")
-                place = Place(found, place_key(self.prefix, found), ttl_sent)
-            with self.client.session(name, "acquire") as call:
-                for _ in range(_ROUNDS):
-                    attempt = self._attempt(call, name, owner, keys, seconds, place)
-                    if attempt is not None:
-                        return attempt
-            return Attempt(False)  # placeholders kept vanishing: try again later
-        finally:
-            ticket.finish()
+        seconds = server_ttl(ttl)
+        keys = lock_keys(self.prefix, name)
+        place = None
+        if queue_ttl is not None:
+            found = place_id(keys.lock, owner)
+            ttl_sent = server_ttl(queue_ttl, "queue_ttl")
+            place = Place(found, place_key(self.prefix, found), ttl_sent)
+        with self.client.session(name, "acquire") as call:
+            for _ in range(_ROUNDS):
+                attempt = self._attempt(call, name, owner, keys, seconds, place)
+                if attempt is not None:
+                    return attempt
+        return Attempt(False)  # placeholders kept vanishing: try again later
 
     def _attempt(
         self,
@@ -368,7 +215,7 @@ class MemcachedLocks:
             raise CasDisabled
         requests.append(request("ms", keys.lock, f"C{cas}", f"T{seconds}", data=value))
         requests.append(request("mg", keys.lock, "s", "t"))
-        stored, after = call(*requests)[-2:]
+        stored, after = (call(*requests))[-2:]
         if stored.code == b"HD":
             return Attempt(True, token=token)
         if stored.code not in (b"EX", b"NF"):
@@ -416,7 +263,6 @@ class MemcachedLocks:
         The same round trips delete the owner's queue entry and place, if it has an entry.
         """
         hold = server_ttl(hold_for, "hold_for") if hold_for > 0 else None
-        self._attempts.wait(name, owner, self.timeout)
 
         def change(key: str, token: int, cas: int) -> bytes:
             if hold is None:
@@ -471,7 +317,7 @@ class MemcachedLocks:
                 writes = [change(keys.lock, token, cas)]
                 if leave_queue:
                     writes += self._leave_requests(name, keys, rest[0], owner)
-                done = call(*writes)[0]
+                done = (call(*writes))[0]
                 if done.code == b"HD":
                     return Outcome.OK
                 if done.code == b"NF":
@@ -518,7 +364,8 @@ class MemcachedLocks:
             queue = self._queue(name, keys, queue_reply)
             if place in queue.entries:
                 kept = [entry for entry in queue.entries if entry != place]
-                call(queue.rewrite(keys.queue, kept, 1))  # EX: changed meanwhile; the place is gone
+                # EX: changed meanwhile; the place is gone
+                call(queue.rewrite(keys.queue, kept, 1))
         return queue.entries[:1] == (place,)
 
     def inspect(self, name: str) -> LockInfo | None:
@@ -578,23 +425,3 @@ def draw_token(
     if not reply.value.isdigit():
         raise client.foreign(name, fence, reply.value, kind)
     return int(reply.value)
-
-
-def join_requests(queue_key: str, place: Place) -> list[bytes]:
-    """Append to the queue, else create it: one of the two stores, in one round trip."""
-    entry = QueueState.encode([place.id])
-    return [
-        request("ms", queue_key, "MA", data=entry),
-        request("ms", queue_key, "ME", f"T{place.ttl}", data=entry),
-    ]
-
-
-def joined(replies: Sequence[Reply]) -> bool:
-    """Whether the append or the create of `join_requests` stored the entry."""
-    return any(reply.code == b"HD" for reply in replies)
-
-
-def holder_ttl(reply: Reply) -> float | None:
-    """The holder's remaining TTL in whole seconds, margin included: waiters never spin on it."""
-    remaining = reply.number("t")
-    return float(remaining) if remaining >= 0 else None
