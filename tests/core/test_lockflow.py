@@ -87,6 +87,21 @@ def test_fair_waiters_refresh_their_place() -> None:
     assert p.next_wait(0, BUSY) == pytest.approx(0.2)
 
 
+def test_a_waiter_joins_the_queue_after_the_starvation_guard() -> None:
+    plan = WaitPlan(now=0.0, wait=1.0, fail_fast=False, notifies=False, queue_after=0.1)
+    assert not plan.should_queue(0.05)
+    assert plan.should_queue(0.1)
+    plan.queue(refresh_every=1.0)
+    assert not plan.should_queue(0.5)  # once only
+
+
+def test_a_wait_shorter_than_the_starvation_guard_never_queues() -> None:
+    # Even when its first attempt answers after the guard: the wait is over by then.
+    plan = WaitPlan(now=0.0, wait=0.05, fail_fast=False, notifies=False, queue_after=0.1)
+    assert not plan.should_queue(0.3)
+    assert plan.next_wait(0.3, Attempt(acquired=False)) is None
+
+
 def test_backoff_validates() -> None:
     with pytest.raises(ValueError):
         Backoff(initial=0)

@@ -95,7 +95,13 @@ class WaitPlan:
         queued_cap = QUEUED_POLL_CAP if refresh_every is not None else None
         self.backoff = backoff or (Backoff(cap=queued_cap) if queued_cap else Backoff())
         self.refresh_every = refresh_every
-        self.queue_at = None if queue_after is None else now + queue_after
+        # A wait that ends before the starvation guard would start never queues: joining a
+        # queue only to leave it costs round trips, and on a slow first attempt it would
+        # turn a short, unfair wait into a queued one.
+        queue_at = None if queue_after is None else now + queue_after
+        if queue_at is not None and self.deadline is not None and self.deadline <= queue_at:
+            queue_at = None
+        self.queue_at = queue_at
 
     def should_queue(self, now: float) -> bool:
         """True once a waiter that started outside the queue has waited long enough to join it.
