@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
+import threading
+import traceback
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,6 +65,26 @@ def capabilities(name: str) -> Capabilities:
     module = importlib.import_module(f"corral._async.backends.{spec.module}")
     caps: Capabilities = getattr(module, spec.cls).capabilities
     return caps
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test's report shows where every thread of this process was at that moment.
+
+    A failure that only a loaded machine brings out (a background worker stuck, a
+    pooled thread never started) is then readable from the report alone.
+    """
+    report: Any = yield
+    if call.when == "call" and report.failed:
+        names = {thread.ident: thread.name for thread in threading.enumerate()}
+        stacks = [
+            f"--- thread {names.get(ident, '?')} ({ident})\n"
+            + "".join(traceback.format_stack(frame))
+            for ident, frame in sys._current_frames().items()
+            if ident != threading.get_ident()
+        ]
+        report.sections.append(("threads at the failure", "\n".join(stacks)))
+    return report  # type: ignore[no-any-return]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
