@@ -26,6 +26,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -38,7 +39,7 @@ import corral
 import corral.aio
 from corral._sync import lock as sync_lock
 from corral._sync.backends.base import Backend
-from corral._sync.backends.postgres import PostgresBackend
+from corral._sync.backends.postgres import PostgresBackend, PostgresWaiter, ReleaseFeed
 from corral._sync.store import Store
 from corral.backends.postgres_sql import (
     CACHE_READABLE_BYTES,
@@ -760,34 +761,62 @@ def test_releases_of_a_hashed_name_notify_its_key(backend_url: str, name: str, o
         assert heard() == [key]
 
 
-def test_a_killed_listen_session_is_replaced(backend_url: str, name: str) -> None:
+def test_a_killed_listen_session_is_replaced(
+    backend_url: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No timer of the waiter fires within its 30 s wait (re-check, starvation guard; the
+    # holder's TTL is longer): only a NOTIFY heard on the new session can wake it before
+    # the last attempt its wait ends with.
+    monkeypatch.setattr(lockflow, "NOTIFIED_RECHECK", 120.0)
+    monkeypatch.setattr(sync_lock, "STARVE_AFTER", 120.0)
+    waits: list[ReleaseFeed | None] = []  # the feed each wait of a waiter began with
+    wait = PostgresWaiter.wait
+
+    def recorded_wait(self: PostgresWaiter, timeout: float) -> bool:
+        waits.append(self._feed)
+        return wait(self, timeout)
+
+    monkeypatch.setattr(PostgresWaiter, "wait", recorded_wait)
     app = f"corral-{uuid.uuid4().hex[:8]}"
     url = with_query(backend_url, f"application_name={app}")
+
+    def listening() -> set[int]:
+        """The store's LISTEN sessions, once their LISTEN is in force."""
+        rows = query(
+            backend_url,
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s"
+            " AND query LIKE 'LISTEN%%' AND state = 'idle'",
+            [app],
+        )
+        return {pid for (pid,) in rows}
+
     with corral.connect(backend_url) as holder_store, corral.connect(url) as waiter_store:
         for _ in range(2):
-            holder = holder_store.lock(name, ttl=30)
+            holder = holder_store.lock(name, ttl=60)
             assert holder.acquire()
             result: list[bool] = []
             thread = threading.Thread(
                 target=lambda result=result: result.append(
-                    waiter_store.lock(name, ttl=30).acquire(wait=20)
+                    waiter_store.lock(name, ttl=30).acquire(wait=30)
                 )
             )
             thread.start()
-            time.sleep(0.5)
-            killed = query(
-                backend_url,
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                " WHERE application_name = %s AND query LIKE 'LISTEN%%'",
-                [app],
-            )
+            wait_until(listening)  # the waiter LISTENs (the first time, it opens the session)
+            [pid] = listening()
+            dead = waiter_store.backend._proc.feed
+            killed = query(backend_url, "SELECT pg_terminate_backend(%s)", [pid])
             assert killed == [(True,)]
-            time.sleep(0.5)  # the waiter re-listens on a new session
+            wait_until(lambda pid=pid: listening() - {pid})  # a new session LISTENs
+            # The waiter woke, tried again and waits once more, now on the new session: a
+            # release it does not see as it tries must reach it as a NOTIFY.
+            wait_until(
+                lambda dead=dead: bool(waits) and waits[-1] not in (None, dead) and waits[-1].usable
+            )
             freed_at = time.monotonic()
             holder.release()
-            thread.join(30)
+            thread.join(60)
             assert result == [True]
-            assert time.monotonic() - freed_at < 1.5
+            assert time.monotonic() - freed_at < 10  # long before its wait would have ended
             assert waiter_store.force_release(name)
 
 
@@ -877,7 +906,7 @@ def test_a_frozen_server_fails_calls_within_the_timeout(
     def check(error: BaseException | None, elapsed: float) -> None:
         assert isinstance(error, BackendUnavailable), error
         assert "did not answer" in str(error) and where in str(error)
-        assert elapsed < timeout + 1.5
+        assert elapsed < timeout * 2 + 3  # room for a paused test
 
     if flavour == "sync":
         with corral.connect(own_server.url, timeout=timeout) as store:
@@ -939,15 +968,18 @@ def test_tls_with_verify_full_against_the_servers_ca(tls_server: Any, name: str)
             target=lambda: woke.append(other.lock(name, ttl=30).acquire(wait=20))
         )
         thread.start()
-        time.sleep(0.5)  # the waiter LISTENs
-        sessions = query(
-            tls_server.url,
-            "SELECT a.query, s.ssl FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)"
-            " WHERE a.application_name = %s",
-            [app],
-        )
-        assert any(q.startswith("LISTEN") for q, _ in sessions), sessions
-        assert all(ssl for _, ssl in sessions), sessions
+
+        def sessions() -> list[tuple[Any, ...]]:
+            return query(
+                tls_server.url,
+                "SELECT a.query, s.ssl FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)"
+                " WHERE a.application_name = %s",
+                [app],
+            )
+
+        wait_until(lambda: any(q.startswith("LISTEN") for q, _ in sessions()))  # it waits
+        found = sessions()
+        assert all(ssl for _, ssl in found), found
         holder.release()
         thread.join(30)
         assert woke == [True]
@@ -1096,10 +1128,13 @@ def test_semaphore_names_used_once_leave_nothing_behind(backend_url: str) -> Non
     ):
         backend = store.backend
         first_tokens: dict[str, int] = {}
+        # Slots are taken for 60 s, so each is still held when released or queued behind,
+        # however long this process is paused; those left to expire get their TTL cut
+        # short once nothing needs them any more.
         for index in range(240):
             sem_name = f"once:{index}"
             taken = [
-                s.backend.sem_try_acquire(sem_name, f"o{index}-{s is store}", 0.4, 2)
+                s.backend.sem_try_acquire(sem_name, f"o{index}-{s is store}", 60, 2)
                 for s in (store, other)
             ]
             assert all(attempt.acquired for attempt in taken)
@@ -1107,15 +1142,16 @@ def test_semaphore_names_used_once_leave_nothing_behind(backend_url: str) -> Non
             assert backend.sem_release(sem_name, f"o{index}-True") is Outcome.OK
             if index % 3 == 0:
                 assert other.backend.sem_release(sem_name, f"o{index}-False", 0.3) is Outcome.OK
-            elif index % 3 == 1:
-                pass  # left to expire, as a crashed holder's would
+            elif index % 3 == 1:  # left to expire, as a crashed holder's would
+                assert other.backend.sem_extend(sem_name, f"o{index}-False", 0.4) is Outcome.OK
             else:
                 assert other.backend.sem_release(sem_name, f"o{index}-False") is Outcome.OK
             if index % 20 == 0:
                 # A fair waiter that dies while queued, behind a holder that crashed.
                 queued = f"queued:{index}"
-                assert backend.sem_try_acquire(queued, "crashed", 0.4, 1).acquired
+                assert backend.sem_try_acquire(queued, "crashed", 60, 1).acquired
                 assert not backend.sem_try_acquire(queued, "dead", 30, 1, queue_ttl=0.3).acquired
+                assert backend.sem_extend(queued, "crashed", 0.4) is Outcome.OK
         held = backend.sem_try_acquire("held", "keeper", 60, 3)
         assert held.acquired
         # Released slots are deleted at once; the others wait for their expiry.
@@ -1643,14 +1679,25 @@ def test_cache_entries_expire_by_the_servers_clock_to_the_microsecond(
     """PostgreSQL's timestamps count microseconds: `keep` is kept as given, not rounded."""
     with corral.connect(backend_url, table_prefix=fresh()) as store:
         backend = store.backend
-        backend.cache_store([(name, cached(name), 1.25)])
         entries = backend._sql.entries
-        seconds_left = f"SELECT extract(epoch FROM expires_at - clock_timestamp()) FROM {entries}"
-        (left,) = query(backend_url, seconds_left)[0]
-        assert 1.0 < float(left) <= 1.25
+
+        def server_clock() -> Any:
+            return query(backend_url, "SELECT clock_timestamp()")[0][0]
+
+        def expires_at() -> Any:
+            return query(backend_url, f"SELECT expires_at FROM {entries}")[0][0]
+
+        # The server's clock read before and after each call brackets its expiry, however
+        # long this process is paused meanwhile; rounding would move it out by 0.25 s or
+        # more. 30 s, so the entry is still there for the invalidate, whatever the pauses.
+        before = server_clock()
+        backend.cache_store([(name, cached(name), 30.25)])
+        after = server_clock()
+        assert before + timedelta(seconds=30.25) <= expires_at() <= after + timedelta(seconds=30.25)
+        before = server_clock()
         assert backend.cache_invalidate(name, 0.5)
-        (left,) = query(backend_url, seconds_left)[0]
-        assert 0.3 < float(left) <= 0.5
+        after = server_clock()
+        assert before + timedelta(seconds=0.5) <= expires_at() <= after + timedelta(seconds=0.5)
         time.sleep(0.6)
         assert backend.cache_fetch([name], "g")[0] == [None]
         # Far beyond any interval PostgreSQL has: kept (almost) forever, no error.
@@ -1664,7 +1711,6 @@ def test_cache_entries_expire_by_the_servers_clock_to_the_microsecond(
 def test_expired_cache_entries_are_swept_by_later_writes(backend_url: str, name: str) -> None:
     with corral.connect(backend_url, table_prefix=fresh()) as store:
         backend = store.backend
-        backend.cache_store([(f"gone-{i}", cached(f"gone-{i}"), 0.2) for i in range(20)])
         backend.cache_store([("kept", cached("kept"), 60.0), ("dropped", cached("dropped"), 60.0)])
         # keep <= 0 in a store: gone for readers at once, its row emptied and expired.
         backend.cache_store([("dropped", cached("dropped"), 0.0), ("never-there", b"x", -1.0)])
@@ -1673,6 +1719,9 @@ def test_expired_cache_entries_are_swept_by_later_writes(backend_url: str, name:
             (b"dropped", b"")
         ]
         assert not backend.cache_delete("dropped")
+        # The last write before the count: a later one would sweep those that expired
+        # already, were this process paused.
+        backend.cache_store([(f"gone-{i}", cached(f"gone-{i}"), 0.2) for i in range(20)])
         assert len(entry_rows(backend_url, store)) == 21
         time.sleep(0.4)
         # Reads write nothing...
@@ -1735,7 +1784,7 @@ def test_invalidate_deletes_bytes_that_are_not_corrals(backend_url: str, name: s
 
 class DelayingProxy:
     """A TCP proxy to `target` that delivers what clients send `delay` seconds late (in
-    order), and the answers at once: every round trip costs `delay`."""
+    order), and the answers at once: every round trip costs `delay` (as it is when sent)."""
 
     def __init__(self, target: tuple[str, int], delay: float) -> None:
         self.target = target
@@ -1811,13 +1860,16 @@ class DelayingProxy:
 def test_a_read_with_a_claim_is_one_round_trip(backend_url: str, name: str) -> None:
     """Each round trip through the proxy costs `delay`: a read that claims (and one that
     finds a fresh entry) costs one, where reading, then trying the lock, costs two."""
-    delay = 0.4
+    # A second per round trip: one and two of them stay apart by a second, room for a
+    # paused test. The warm-up (connection, tables) goes without, or it would take ~30 s.
+    delay = 1.0
     params = conninfo_to_dict(backend_url)
-    proxy = DelayingProxy((str(params["host"]), int(str(params["port"]))), delay)
+    proxy = DelayingProxy((str(params["host"]), int(str(params["port"]))), 0.0)
     try:
         with corral.connect(proxy.url(backend_url), timeout=20) as store:
             backend = store.backend
             backend.cache_store([(f"{name}:fresh", cached(f"{name}:fresh"), 60.0)])  # warm up
+            proxy.delay = delay
 
             def timed(call: Any) -> tuple[Any, float]:
                 began = time.monotonic()
@@ -1827,17 +1879,17 @@ def test_a_read_with_a_claim_is_one_round_trip(backend_url: str, name: str) -> N
             claim = Claim(f"recompute-{name}", "me", 10.0, time.time())
             read, one = timed(lambda: backend.cache_read(f"{name}:missing", "g", claim))
             assert read.attempt is not None and read.attempt.acquired
-            assert delay <= one < 1.5 * delay
+            assert delay <= one < 2 * delay
             fresh_read, one = timed(lambda: backend.cache_read(f"{name}:fresh", "g", claim))
             assert fresh_read.entry is not None and fresh_read.attempt is None
-            assert delay <= one < 1.5 * delay
+            assert delay <= one < 2 * delay
             # The same, as a backend that cannot claim in its read: read, then try the lock.
             other = Claim(f"recompute-{name}-2", "me", 10.0, time.time())
             two_step, two = timed(
                 lambda: Backend.cache_read(backend, f"{name}:missing-2", "g", other)
             )
             assert two_step.attempt is not None and two_step.attempt.acquired
-            assert two >= 2 * delay
+            assert two >= 2 * delay  # by construction: the second is sent after the first
     finally:
         proxy.close()
 
@@ -1847,19 +1899,26 @@ def test_a_fresh_entry_is_read_without_waiting_for_the_claims_turn(
 ) -> None:
     """A claim takes its lock's turn only when the entry is due: readers of a fresh entry
     never queue on it, and a due one waits for it as any attempt on the lock does."""
-    with corral.connect(backend_url, timeout=1) as store:
+    # The fresh read goes through a store that would wait 10 s for the turn, so a read
+    # that queued on it stands out from one this process was paused in.
+    with (
+        corral.connect(backend_url, timeout=1) as store,
+        corral.connect(backend_url, timeout=10) as patient,
+    ):
         backend = store.backend
         key = f"{name}:fresh"
         backend.cache_store([(key, cached(key), 60.0)])
+        assert patient.backend.cache_fetch([key], "g")[0] != [None]  # its pool is open
         lock_name = f"recompute-{name}"
         gate = backend._sql.gate_key(lock_key(lock_name))
         with psycopg.connect(backend_url, autocommit=True) as other:
             other.execute("SELECT pg_advisory_lock(%s)", [gate])  # the lock's turn, held
             try:
                 began = time.monotonic()
-                read = backend.cache_read(key, "g", Claim(lock_name, "me", 10.0, time.time()))
+                claim = Claim(lock_name, "me", 10.0, time.time())
+                read = patient.backend.cache_read(key, "g", claim)
                 assert read.entry is not None and read.attempt is None
-                assert time.monotonic() - began < 0.5
+                assert time.monotonic() - began < 5  # half the wait for the turn
                 with pytest.raises(BackendUnavailable) as caught:
                     backend.cache_read(
                         f"{name}:missing", "g", Claim(lock_name, "me", 10.0, time.time())
@@ -1985,7 +2044,7 @@ def test_a_frozen_server_fails_cache_calls_within_the_timeout(
     def check(error: BaseException | None, elapsed: float) -> None:
         assert isinstance(error, BackendUnavailable), error
         assert "did not answer" in str(error) and name in str(error)
-        assert elapsed < timeout + 1.5
+        assert elapsed < timeout * 2 + 3  # room for a paused test
 
     if flavour == "sync":
         with corral.connect(own_server.url, timeout=timeout) as store:

@@ -405,14 +405,21 @@ def test_expired_queue_places_and_registrations_are_collected(
     backend = store.backend
     db = backend._db
     names = [fresh() for _ in range(40)]
+    # Granted acquisitions and registrations collect what has expired: they come first,
+    # and the 0.2 s places only after, by refused attempts, which collect nothing. So
+    # all 80 rows are there to count, however long this process is paused meanwhile.
     for name in names:
         assert backend.try_acquire(name, "holder", 60).acquired
-        assert not backend.try_acquire(name, "dies", 60, queue_ttl=0.2).acquired
-        backend.release(name, "holder")
     db.register(names, b"\0corral-dead-process", 0.2)
+    for name in names:
+        assert not backend.try_acquire(name, "dies", 60, queue_ttl=0.2).acquired
     assert query(db_path, "SELECT count(*) FROM corral_queue") == [(40,)]
     assert query(db_path, "SELECT count(*) FROM corral_waiters") == [(40,)]
     time.sleep(0.5)
+    # Released once the registrations expired: no datagram to a dead process makes
+    # the releaser delete them; only the collection below may.
+    for name in names:
+        assert backend.release(name, "holder") is Outcome.OK
     for _ in range(10):
         name = fresh()
         assert backend.try_acquire(name, "traffic", 60).acquired
@@ -428,7 +435,12 @@ def test_expired_locks_are_swept_whatever_their_names(store: corral.Store, db_pa
     for name in held:
         assert backend.try_acquire(name, "holder", 60).acquired
     for name in expiring:
-        assert backend.try_acquire(name, "crashed", 0.2).acquired
+        assert backend.try_acquire(name, "crashed", 60).acquired
+    # Each holder cuts its TTL short, then crashes. Only after every acquisition: one
+    # that found rows expired already (this process paused) would sweep them early and
+    # shift where the sweep stands, and 13 acquisitions might no longer reach them all.
+    for name in expiring:
+        assert backend.extend(name, "crashed", 0.2) is Outcome.OK
     time.sleep(0.5)
     # The table holds 400 rows; SWEEP=32 rows per acquisition sweep it whole in 13.
     for _ in range(13):
@@ -445,8 +457,11 @@ def test_an_expired_lock_named_by_the_empty_string_is_swept(
     """The lock API refuses "", but the sweep must not depend on that: it starts from
     the first name, not after it."""
     backend = store.backend
-    assert backend.try_acquire("", "crashed", 0.2).acquired
-    assert backend.try_acquire("\x00", "crashed", 0.2).acquired  # the first BLOB name
+    assert backend.try_acquire("", "crashed", 60).acquired
+    assert backend.try_acquire("\x00", "crashed", 60).acquired  # the first BLOB name
+    # Cut short only now: the second acquisition must not find "" expired and sweep it.
+    for name in ("", "\x00"):
+        assert backend.extend(name, "crashed", 0.2) is Outcome.OK
     time.sleep(0.5)
     for _ in range(2):
         name = fresh()
@@ -557,10 +572,16 @@ def test_expired_rows_of_either_kind_of_process_are_collected_by_the_other(
 ) -> None:
     for writer, collector in (known_and_blind, known_and_blind[::-1]):
         names = [fresh() for _ in range(12)]
+        # The writer's own grants and registration would collect its rows that expired
+        # already (were it paused): they come first, and every 0.2 s row after them, by
+        # calls that collect nothing. The holders take 60 s, so that each "dies" attempt
+        # finds its name held, then cut their TTL short and crash.
         for name in names:
-            assert writer.try_acquire(name, "crashed", 0.2).acquired
-            assert not writer.try_acquire(name, "dies", 60, queue_ttl=0.2).acquired
+            assert writer.try_acquire(name, "crashed", 60).acquired
         writer._db.register(names, b"\0corral-dead-process", 0.2)
+        for name in names:
+            assert not writer.try_acquire(name, "dies", 60, queue_ttl=0.2).acquired
+            assert writer.extend(name, "crashed", 0.2) is Outcome.OK
         time.sleep(0.5)
         for _ in range(4):
             name = fresh()
@@ -965,14 +986,20 @@ def test_a_queued_waiter_that_gives_up_wakes_those_behind(store: corral.Store, u
 def test_semaphore_state_per_name_is_bounded(store: corral.Store, db_path: Path) -> None:
     backend = store.backend
     db = backend._db
-    for index in range(30):
-        name = f"{fresh()}-{ODD_NAMES[index % len(ODD_NAMES)]}"
+    names = [f"{fresh()}-{ODD_NAMES[index % len(ODD_NAMES)]}" for index in range(30)]
+    # Granted slots and registrations collect what has expired (were this process
+    # paused, rows of the names before): they come first, and every 0.2 s row after
+    # them, by calls that collect nothing. The crashed holders take 60 s, so that each
+    # "dies" attempt finds its semaphore full, then cut their TTL short and crash.
+    for name in names:
         assert backend.sem_try_acquire(name, "holder", 60, 2).acquired
-        assert backend.sem_try_acquire(name, "crashed", 0.2, 2).acquired
+        assert backend.sem_try_acquire(name, "crashed", 60, 2).acquired
+    db.register([fresh() for _ in range(30)], b"\0corral-dead-process", 0.2, semaphore=True)
+    for index, name in enumerate(names):
         assert not backend.sem_try_acquire(name, "dies", 60, 1, queue_ttl=0.2).acquired
         assert not backend.sem_try_acquire(name, "dies", 60, 2, queue_ttl=0.2).acquired
         backend.sem_release(name, "holder", hold_for=0.2 if index % 2 else 0.0)
-    db.register([fresh() for _ in range(30)], b"\0corral-dead-process", 0.2, semaphore=True)
+        assert backend.sem_extend(name, "crashed", 0.2) is Outcome.OK
     assert count_rows(db_path, "corral_sem_slots") == 45
     assert count_rows(db_path, "corral_sem_queue") == 30
     assert count_rows(db_path, "corral_sem_waiters") == 30
@@ -1106,19 +1133,26 @@ def write_lock_held(path: Path) -> Iterator[None]:
 
 
 def test_reads_never_take_the_write_lock(url: str, db_path: Path) -> None:
-    with corral.connect(f"{url}?timeout=0.5") as store:
-        backend = store.backend
+    # The reads go through a store that would wait 10 s for the write lock, so a read
+    # that waited for it stands out from one this process was paused in; the writes
+    # through one that gives up after 0.5 s.
+    with (
+        corral.connect(f"{url}?timeout=10") as patient,
+        corral.connect(f"{url}?timeout=0.5") as store,
+    ):
+        backend, reader = store.backend, patient.backend
         key, name = f"ns:{fresh()}", fresh()
         data = cache_entry(key)
         backend.cache_store([(key, data, 60)])
+        assert reader.cache_fetch([key], "g") == ([data], 0)  # its connection is open
         with write_lock_held(db_path):
             # Another process writes: every read goes on, none waits for it.
             started = time.monotonic()
-            assert backend.cache_fetch([key, key + "-missing"], "g") == ([data, None], 0)
-            read = backend.cache_read(key, "g", due_claim(name, "x"))
+            assert reader.cache_fetch([key, key + "-missing"], "g") == ([data, None], 0)
+            read = reader.cache_read(key, "g", due_claim(name, "x"))
             assert read.entry == data and read.attempt is None  # fresh: nothing to claim
-            assert backend.cache_count("ns:") == 1
-            assert time.monotonic() - started < 0.25
+            assert reader.cache_count("ns:") == 1
+            assert time.monotonic() - started < 5  # half the wait for the write lock
             # A write, or a read that must claim, gives up after the timeout, named.
             for call in (
                 lambda: backend.cache_store([(key, data, 60)]),
@@ -1127,7 +1161,7 @@ def test_reads_never_take_the_write_lock(url: str, db_path: Path) -> None:
                 started = time.monotonic()
                 with pytest.raises(corral.BackendUnavailable) as caught:
                     call()
-                assert time.monotonic() - started < 0.5 + 1.0
+                assert time.monotonic() - started < 0.5 * 2 + 3  # room for a paused test
                 assert str(db_path) in str(caught.value) and "cache key 'ns:" in str(caught.value)
 
 
@@ -1223,12 +1257,13 @@ def test_keep_is_kept_to_the_fraction_by_the_machine_clock(
     clock = MachineClock()
     short, long = f"ns:{fresh()}", f"ns:{fresh()}"
     before = clock.now()
-    backend.cache_store([(short, cache_entry(short), 0.4), (long, cache_entry(long), 2.5)])
+    # `long` must still be there for the invalidate below, however long a pause.
+    backend.cache_store([(short, cache_entry(short), 0.4), (long, cache_entry(long), 30.5)])
     after = clock.now()
     rows = dict(query(db_path, "SELECT key, expires_at FROM corral_cache"))
     # Nothing rounds to whole seconds: SQLite keeps the reading as a float.
     assert before + 0.4 <= rows[short] <= after + 0.4
-    assert before + 2.5 <= rows[long] <= after + 2.5
+    assert before + 30.5 <= rows[long] <= after + 30.5
     time.sleep(0.6)
     found, _ = backend.cache_fetch([short, long], "g")
     assert found[0] is None and found[1] is not None
