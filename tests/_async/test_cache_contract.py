@@ -25,7 +25,7 @@ from corral.errors import (
     SerializationError,
     SourceUnavailable,
 )
-from tests._async.computations import Counter
+from tests._async.computations import Counter, Gated, until
 from tests._async.concurrency import sleep, start
 
 pytestmark = pytest.mark.capability("cache")
@@ -85,10 +85,10 @@ async def test_get_set_delete(store: AsyncStore, other_store: AsyncStore, name: 
 
 
 async def test_entries_expire_after_ttl(store: AsyncStore, name: str) -> None:
-    cache = store.cache(name, ttl=0.4)
+    cache = store.cache(name, ttl=1.5)  # outlasts a paused process between set and get
     await cache.set("k", 1)
     assert await cache.get("k") == 1
-    await sleep(0.6)
+    await sleep(1.7)
     assert await cache.get("k") is None
     compute = Counter()
     assert await cache.get_or_compute("k", compute) == 1 and compute.calls == 1
@@ -167,14 +167,20 @@ async def test_waiters_on_a_miss_get_the_winners_value(
     store: AsyncStore, other_store: AsyncStore, third_store: AsyncStore, name: str
 ) -> None:
     """One computes; the others wait for its release and read the value it stored."""
-    compute = Counter("computed", delay=0.4)
+    compute = Gated("computed")
     caches = [s.cache(name, lock_wait=10) for s in (store, other_store, third_store)]
     jobs = [start(c.get_or_compute, "k", compute) for c in caches]
+    try:
+        assert await compute.entered.wait(30)
+        if store.capabilities.cross_process:  # one store here: the others join its flight
+            await until(
+                lambda: sum(c.stats()["lock_waits"] for c in caches) >= 2,
+                "the other two wait for the release",
+            )
+    finally:
+        compute.release.set()
     assert [await job.result() for job in jobs] == ["computed"] * 3
     assert compute.calls == 1
-    waited = sum(c.stats()["lock_waits"] for c in caches)
-    if store.capabilities.cross_process:
-        assert waited >= 1
 
 
 @pytest.mark.capability("notifies")
@@ -190,14 +196,24 @@ async def test_every_waiter_is_woken_by_the_release(
     """
     monkeypatch.setattr(lockflow, "NOTIFIED_RECHECK", 120.0)
     monkeypatch.setattr(cache_module, "RECOMPUTE_LOCK_TTL", 120.0)
-    compute = Counter("computed", delay=0.5)
+    compute = Gated("computed")
     shared = store.capabilities.cross_process
     stores = [await connect(backend_url).__aenter__() if shared else store for _ in range(6)]
     try:
         caches = [s.cache(name, lock_wait=30) for s in [store, *stores]]
         first = start(functools.partial(caches[0].get_or_compute, ttl=3), "k", compute)
-        await sleep(0.2)
-        jobs = [start(functools.partial(c.get_or_compute, ttl=3), "k", compute) for c in caches[1:]]
+        try:
+            assert await compute.entered.wait(30)
+            jobs = [
+                start(functools.partial(c.get_or_compute, ttl=3), "k", compute) for c in caches[1:]
+            ]
+            if shared:  # one store here: the others join its flight
+                await until(
+                    lambda: sum(c.stats()["lock_waits"] for c in caches) >= 6,
+                    "all six wait for the release",
+                )
+        finally:
+            compute.release.set()
         assert await first.result() == "computed"
         assert [await job.result() for job in jobs] == ["computed"] * 6
         assert compute.calls == 1
@@ -219,15 +235,18 @@ async def test_callers_in_one_cache_share_one_computation(store: AsyncStore, nam
 async def test_stale_readers_are_served_while_one_recomputes(
     store: AsyncStore, other_store: AsyncStore, name: str
 ) -> None:
-    cache = store.cache(name, ttl=0.3, stale_ttl=30)
-    await cache.set("k", "old")
+    cache = store.cache(name, ttl=30, stale_ttl=30)  # "new" stays fresh until read below
+    await cache.set("k", "old", ttl=0.3)
     await sleep(0.5)
-    slow = Counter("new", delay=1.0)
+    slow = Gated("new")
     recompute = start(cache.get_or_compute, "k", slow)
-    await sleep(0.3)  # the recompute holds the lock now
-    other = other_store.cache(name, ttl=0.3, stale_ttl=30)
+    other = other_store.cache(name, ttl=30, stale_ttl=30)
     quick = Counter("must not run")
-    assert await other.get_or_compute("k", quick) == "old"
+    try:
+        assert await slow.entered.wait(30)  # the recompute holds the lock now
+        assert await other.get_or_compute("k", quick) == "old"
+    finally:
+        slow.release.set()
     assert quick.calls == 0
     assert other.stats()["stale_served"] == 1
     assert await recompute.result() == "new"
@@ -236,8 +255,8 @@ async def test_stale_readers_are_served_while_one_recomputes(
 
 
 async def test_background_recompute_serves_stale_at_once(store: AsyncStore, name: str) -> None:
-    cache = store.cache(name, ttl=0.3, stale_ttl=30, background=True)
-    await cache.set("k", "old")
+    cache = store.cache(name, ttl=30, stale_ttl=30, background=True)  # "new" stays fresh
+    await cache.set("k", "old", ttl=0.3)
     await sleep(0.5)
     compute = Counter("new", delay=0.2)
     assert await cache.get_or_compute("k", compute) == "old"
@@ -343,12 +362,12 @@ async def test_error_ttl_with_a_stale_value_serves_it_without_computing(
 
 
 async def test_error_ttl_runs_out(store: AsyncStore, name: str) -> None:
-    cache = store.cache(name, error_ttl=0.4)
+    cache = store.cache(name, error_ttl=1.5)  # outlasts a paused process between the calls
     with pytest.raises(RuntimeError):
         await cache.get_or_compute("k", Counter(fail=True))
     with pytest.raises(SourceUnavailable):
         await cache.get_or_compute("k", Counter("no"))
-    await sleep(0.6)
+    await sleep(1.7)
     assert await cache.get_or_compute("k", Counter("yes")) == "yes"
 
 

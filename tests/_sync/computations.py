@@ -1,11 +1,15 @@
 # Generated from tests/_async/computations.py by scripts/unasync.py: do not edit.
 # Edit the asyncio flavour and run `python scripts/unasync.py`.
-"""A compute function for cache tests: counts its calls, sleeps, fails, as asked."""
+"""Compute functions for cache tests: count their calls, sleep, fail, or hold, as asked."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import pytest
+
+from corral._sync._compat import Event
 from tests._sync.concurrency import sleep
 
 
@@ -25,3 +29,32 @@ class Counter:
         if self.fail:
             raise RuntimeError("the source is down")
         return self.calls if self.value is None else self.value
+
+
+class Gated(Counter):
+    """A computation still running until the test says: `entered` is set once it runs
+    (its caller holds the recompute lock then), and it returns once `release` is set.
+
+    A test waits on `entered` rather than sleeping, since a paused process may not
+    have started the computation yet, and a sleeping one may have finished already.
+    The wait for `release` is bounded, so a failing test still ends.
+    """
+
+    def __init__(self, value: Any = None) -> None:
+        super().__init__(value)
+        self.entered = Event()
+        self.release = Event()
+
+    def __call__(self) -> Any:
+        self.entered.set()
+        self.release.wait(30)
+        return super().__call__()
+
+
+def until(condition: Callable[[], bool], what: str, seconds: float = 30.0) -> None:
+    """Poll until `condition()` holds (callers of other tasks or threads got somewhere)."""
+    for _ in range(int(seconds / 0.01)):
+        if condition():
+            return
+        sleep(0.01)
+    pytest.fail(f"not within {seconds} s: {what}")
