@@ -20,6 +20,9 @@ from pathlib import Path
 import pytest
 
 TIMEOUT = 30.0
+# Short, so that a forced release is noticed soon (at the next renewal, a third of it);
+# long enough that a renewal a busy machine delays by a second still comes in time.
+SHORT_TTL = "3"
 
 
 @pytest.fixture
@@ -283,7 +286,7 @@ def test_forced_release_stops_the_command_and_exits_70(
     corral: Corral, start: Start, tmp_path: Path, url: str
 ) -> None:
     ready = tmp_path / "ready"
-    runner = start("run", "job", "--ttl", "1.5", "--", *python(SLEEPER), str(ready))
+    runner = start("run", "job", "--ttl", SHORT_TTL, "--", *python(SLEEPER), str(ready))
     pid, _, token = wait_for(ready, runner).split()
 
     freed = corral("release", "job", "--force")
@@ -308,7 +311,7 @@ import os
 open({str(ready)!r}, "w").write(str(os.getpid()) + "\\n")
 time.sleep(60)
 """
-    runner = start("run", "job", "--ttl", "1.5", "--grace", "0.5", "--", *python(code))
+    runner = start("run", "job", "--ttl", SHORT_TTL, "--grace", "0.5", "--", *python(code))
     pid = int(wait_for(ready, runner))
     assert corral("release", "job", "--force").returncode == 0
     returncode, err = finish(runner)
@@ -510,7 +513,18 @@ def test_a_lost_lock_stops_the_whole_process_group(
     """`sh -c 'a; b'`: `a` must not work on without the lock, and `b` must never start."""
     pids = tmp_path / "pids"
     runner = start(
-        "run", name, "--url", store_url, "--ttl", "1.5", "--", "sh", "-c", GROUP, "sh", str(pids)
+        "run",
+        name,
+        "--url",
+        store_url,
+        "--ttl",
+        SHORT_TTL,
+        "--",
+        "sh",
+        "-c",
+        GROUP,
+        "sh",
+        str(pids),
     )
     shell, child = group_pids(pids, runner, leftovers)
 
@@ -530,7 +544,7 @@ def test_a_child_ignoring_sigterm_is_killed_after_the_grace(
         "run",
         "job",
         "--ttl",
-        "1.5",
+        SHORT_TTL,
         "--grace",
         "0.5",
         "--",
@@ -1067,7 +1081,7 @@ def test_forced_release_frees_the_slots_and_stops_their_commands(
         "--limit",
         "2",
         "--ttl",
-        "1.5",
+        SHORT_TTL,
         "--",
         *python(RECORDER),
         str(out),
@@ -1203,7 +1217,9 @@ def test_elect_runs_one_leader_at_a_time_and_fails_over_when_the_leader_dies(
 ) -> None:
     from tests.conftest import capabilities
 
-    ttl = 2.0
+    # The follower enters seconds after the kill: gone_at, read even after a pause, is
+    # still earlier.
+    ttl = 5.0
     log = tmp_path / "log"
     campaigners = {
         f"node-{i}": start(
@@ -1254,7 +1270,7 @@ def test_forced_release_stops_the_leaders_command_and_exits_70(
         "elect",
         "boss",
         "--ttl",
-        "1.5",
+        SHORT_TTL,
         "--identity",
         "one",
         "--",
@@ -1281,7 +1297,7 @@ def test_rejoin_campaigns_again_and_restarts_the_command(
         "elect",
         "boss",
         "--ttl",
-        "1.5",
+        SHORT_TTL,
         "--rejoin",
         "--identity",
         "one",

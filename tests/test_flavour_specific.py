@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -29,12 +30,20 @@ async def eventually_free(store: corral.aio.AsyncStore, name: str, deadline: flo
 
 
 async def test_a_cancellation_after_the_grant_takes_the_lock_back(
-    backend_url: str, name: str
+    backend_url: str, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Granted, then cancelled while leaving the wake-up subscription (Redis: UNSUBSCRIBE):
     the caller never learns it holds the lock, so corral must give it back."""
     async with corral.aio.connect(backend_url) as store:
         slow, backend = delayed(store, leave=0.5)
+        waiting = asyncio.Event()
+        subscribe = backend.waiter
+
+        def spying_waiter(lock_name: str) -> Any:
+            waiting.set()  # its first attempt was refused: it waits now
+            return subscribe(lock_name)
+
+        monkeypatch.setattr(backend, "waiter", spying_waiter)
         holder = store.lock(name, ttl=30)
         assert await holder.acquire()
         victim = slow.lock(name, ttl=30, wait=20, auto_renew=True)
@@ -44,7 +53,7 @@ async def test_a_cancellation_after_the_grant_takes_the_lock_back(
                 pytest.fail("entered the block")
 
         task = asyncio.create_task(job())
-        await asyncio.sleep(0.3)
+        await asyncio.wait_for(waiting.wait(), 30)
         await holder.release()
         for _ in range(400):  # until the grant is in and the subscription is being left
             if "leave" in backend.calls:
@@ -64,35 +73,47 @@ async def test_the_take_back_of_a_cancelled_attempt_never_overtakes_it(
     """The attempt is on the wire when its caller is cancelled; the server acts on it later.
     Taking it back at once would find nothing and leave an owner nobody knows holding it."""
     async with corral.aio.connect(backend_url) as store:
-        slow, _ = delayed(store, wire=0.5)
+        slow, backend = delayed(store, wire=0.5)
         victim = slow.lock(name, ttl=30)
         task = asyncio.create_task(victim.acquire())
         await asyncio.sleep(0.1)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await asyncio.sleep(0.6)  # the attempt has landed by now
+        for _ in range(600):  # the attempt has landed once it is taken back
+            if "release" in backend.calls:
+                break
+            await asyncio.sleep(0.05)
+        assert "release" in backend.calls
         assert await eventually_free(store, name)
         assert not victim.held
 
 
 @pytest.mark.capability("fair")
 async def test_a_cancelled_queued_attempt_leaves_no_place_behind(
-    backend_url: str, name: str
+    backend_url: str, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The refused attempt of a fair waiter lands after its caller left the queue: its
     place must go too, or the next fair waiter would wait behind nobody for seconds."""
     async with corral.aio.connect(backend_url) as store:
         holder = store.lock(name, ttl=30)
         assert await holder.acquire()
-        slow, _ = delayed(store, wire=0.5)
+        slow, backend = delayed(store, wire=0.5)
+        undone = asyncio.Event()
+        leave_queue = backend.leave_queue
+
+        async def spy(lock_name: str, owner: str) -> None:
+            await leave_queue(lock_name, owner)
+            undone.set()  # only the undo leaves, once the attempt is over
+
+        monkeypatch.setattr(backend, "leave_queue", spy)
         victim = slow.lock(name, ttl=30, fair=True)
         task = asyncio.create_task(victim.acquire(wait=10))
         await asyncio.sleep(0.1)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await asyncio.sleep(0.8)  # the attempt has landed, and been undone
+        await asyncio.wait_for(undone.wait(), 30)  # the attempt has landed, and been undone
         await holder.release()
         newcomer = store.lock(name, ttl=30, fair=True)
         assert await newcomer.acquire(wait=0), "a dead queue place held the free lock back"
@@ -124,7 +145,8 @@ def test_a_child_forked_while_threads_were_inside_corral_does_not_hang(
                 code = 0
                 try:
                     signal.alarm(20)  # a hang ends the child with SIGALRM
-                    own = store.lock(name + "-child", ttl=1, auto_renew=True)
+                    # Held until released below, however long the attempt takes.
+                    own = store.lock(name + "-child", ttl=10, auto_renew=True)
                     if not own.acquire(wait=5):
                         code = 3
                     if store.lock(name, ttl=5).acquire(wait=0.3):
@@ -215,7 +237,8 @@ async def test_async_on_lost_callback_is_awaited(backend_url: str, name: str) ->
 @pytest.mark.capability("cross_process")
 def test_forked_child_does_not_own_the_parents_lock(backend_url: str, name: str) -> None:
     with corral.connect(backend_url) as store:
-        lock = store.lock(name, ttl=2, auto_renew=True)
+        # TTLs with room for a pause between two renewals of a busy machine.
+        lock = store.lock(name, ttl=3, auto_renew=True)
         assert lock.acquire()
         pid = os.fork()
         if pid == 0:  # the child: report through the exit status only
@@ -229,10 +252,10 @@ def test_forked_child_does_not_own_the_parents_lock(backend_url: str, name: str)
                 except LockError:
                     pass
                 # The child has its own renewal worker for its own locks.
-                own = store.lock(name + "-child", ttl=1, auto_renew=True)
+                own = store.lock(name + "-child", ttl=2, auto_renew=True)
                 if not own.acquire():
                     code = 6
-                time.sleep(1.6)
+                time.sleep(2.6)  # past its TTL: renewed
                 if not own.owned():
                     code = 7
                 own.release()
@@ -317,10 +340,26 @@ def test_a_dropped_auto_renewed_handle_stops_being_renewed(
 
 @pytest.mark.capability("cross_process")
 def test_closing_a_store_while_a_thread_waits_starts_nothing_new(
-    backend_url: str, name: str
+    backend_url: str, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = corral.connect(backend_url)
     holder = corral.connect(backend_url)
+    # Told when the waiter waits: subscribed, with every thread its wait needs started.
+    waiting = threading.Event()
+    subscribe = store.backend.waiter
+
+    def spying_waiter(lock_name: str) -> Any:
+        subscription = subscribe(lock_name)
+        wait = subscription.wait
+
+        def wait_and_tell(timeout: float) -> bool:
+            waiting.set()
+            return wait(timeout)
+
+        monkeypatch.setattr(subscription, "wait", wait_and_tell)
+        return subscription
+
+    monkeypatch.setattr(store.backend, "waiter", spying_waiter)
     try:
         assert holder.lock(name, ttl=30).acquire()
         outcome: list[BaseException | bool] = []
@@ -333,7 +372,7 @@ def test_closing_a_store_while_a_thread_waits_starts_nothing_new(
 
         waiter = threading.Thread(target=wait)
         waiter.start()
-        time.sleep(0.5)
+        assert waiting.wait(30)
         before = {t.ident for t in threading.enumerate()}
         store.close()
         waiter.join(30)

@@ -132,7 +132,8 @@ def test_a_stopped_server_is_marked_down_its_entries_move_and_it_comes_back(
     victim = memcached_pool.hosts[1]
     stored = key_on(ring, victim)
     lock_name = key_on(ring, victim, "lock-")
-    with corral.connect(memcached_pool.url, **FAST) as store:
+    # Down long enough for the calls below, paused or not, to find it still down.
+    with corral.connect(memcached_pool.url, **{**FAST, "retry_after": 3}) as store:
         backend = store.backend
         held = f"held-{lock_name}"
         while backend.locate(held) != victim:
@@ -163,7 +164,9 @@ def test_a_stopped_server_is_marked_down_its_entries_move_and_it_comes_back(
             assert "marked down" not in str(info.value)
         finally:
             memcached_pool.member(victim).resume()
-        time.sleep(FAST["retry_after"] + 0.1)
+        until = backend.health.down_until(victim)
+        assert until is not None
+        time.sleep(max(0.0, until - store.clock.now()) + 0.1)
         # The next call probes it; the answer brings it back, and its entries live there.
         with caplog.at_level(logging.WARNING, logger="corral"):
             backend.cache_store([(stored, entry("home"), 60)])
@@ -319,6 +322,7 @@ def test_a_hot_key_is_spread_over_three_servers_and_named(
         while store.clock.now() < finder._window_end:
             cache.get("popular")
         assert cache.stats()["hot_keys"] == [stored]
+        finder._window_end = store.clock.now() + 30  # hot through the reads below, even paused
         for _ in range(40):  # reads now go to any of three servers, each filled from the first
             assert cache.get_or_compute("popular", lambda: "recomputed") == "v"
         holders = [
