@@ -15,6 +15,7 @@ import pytest
 from corral.aio import AsyncElection, AsyncStore
 from corral.errors import ConfigError, LockExpired
 from tests._async.concurrency import sleep, start
+from tests._async.delayed import wait_until
 
 
 async def test_one_leader_named_everywhere(
@@ -110,16 +111,15 @@ async def test_a_lost_leadership_is_reported_and_a_new_term_can_follow(
     store: AsyncStore, other_store: AsyncStore, name: str
 ) -> None:
     lost: list[AsyncElection] = []
-    election = store.election(name, ttl=0.6, identity="a", on_lost=lost.append)
+    # Renewed every 0.6 s, so a renewal has 1.2 s to be answered: more than a pause of the
+    # process lasts.
+    election = store.election(name, ttl=1.8, identity="a", on_lost=lost.append)
     assert await election.campaign()
     first_term = election.term
-    await sleep(1.2)  # renewed meanwhile
+    await sleep(2.6)  # outlives its TTL only through renewals
     assert election.is_leader and election.term == first_term
     assert await other_store.force_release_election(name)
-    for _ in range(100):
-        if lost:
-            break
-        await sleep(0.05)
+    await wait_until(lambda: bool(lost))
     assert lost == [election]
     assert not election.is_leader
     with pytest.raises(LockExpired, match=name):

@@ -23,7 +23,9 @@ async def test_each_call_answers_in_order_with_its_error_or_its_silence() -> Non
         return 3
 
     try:
-        answers = await gather_within([lambda: answer(1), fail, silent], 0.2)
+        # Long enough for the instant answers (threads in the blocking flavour) to come
+        # in, even if the process pauses.
+        answers = await gather_within([lambda: answer(1), fail, silent], 2.0)
     finally:
         never.set()  # frees the blocking flavour's thread
     assert answers[0] == 1

@@ -21,6 +21,7 @@ from corral.errors import (
     LockTimeout,
 )
 from tests._async.concurrency import sleep, start
+from tests._async.delayed import delayed, eventually, wait_until
 
 
 async def test_acquire_release_and_identity(store: AsyncStore, name: str) -> None:
@@ -118,16 +119,17 @@ async def test_expired_and_free_is_expired(
 async def test_extend_resets_ttl(
     store: AsyncStore, name: str, lapse: Callable[[float], float]
 ) -> None:
-    lock = store.lock(name, ttl=0.5)
+    # The extend comes before the TTL runs out, even if the process pauses.
+    lock = store.lock(name, ttl=1.5)
     assert await lock.acquire()
     await lock.extend(ttl=10)
     info = await store.lock_info(name)
     assert info is not None and info.ttl > 5
-    await sleep(lapse(0.5))
+    await sleep(lapse(1.5))
     assert await lock.owned()
     await lock.extend()  # back to the lock's own ttl
     info = await store.lock_info(name)
-    assert info is not None and info.ttl <= lapse(0.5)
+    assert info is not None and info.ttl <= lapse(1.5)
     await lock.release()
 
 
@@ -137,14 +139,13 @@ async def test_release_hold_for_keeps_it_closed(
     lock = store.lock(name, ttl=10)
     assert await lock.acquire()
     token = lock.token
-    await lock.release(hold_for=0.6)
+    await lock.release(hold_for=1.5)  # outlasts the next round trips, even if paused
     info = await store.lock_info(name)
     assert info is not None and info.owner is None and info.token == token
     assert await lock.locked()
     other = other_store.lock(name, ttl=10)
     assert not await other.acquire()
-    await sleep(lapse(0.6))
-    assert await other.acquire()
+    await eventually(other.acquire, within=lapse(1.5))
     assert other.token is not None and token is not None and other.token > token
     await other.release()
 
@@ -203,7 +204,7 @@ async def test_fail_fast_does_not_wait_for_a_long_holder(
         return await waiter.acquire(wait=20, fail_fast=True)
 
     job = start(try_it)
-    for _ in range(60):  # give it a moment to give up by itself
+    for _ in range(200):  # give it a moment to give up by itself
         if job.done():
             break
         await sleep(0.05)
@@ -283,10 +284,10 @@ async def test_non_reentrant_second_acquire_is_an_error(store: AsyncStore, name:
 
 
 async def test_auto_renew_keeps_it(store: AsyncStore, other_store: AsyncStore, name: str) -> None:
-    # Renewed every TTL/3, the lock outlives two TTLs only through renewals; the TTL
-    # leaves a renewal 0.8 s to be answered, as a machine running the suite's parts
-    # side by side can pause a process for a few tenths of a second.
-    lock = store.lock(name, ttl=1.2, auto_renew=True)
+    # Renewed every TTL/3, the lock outlives its TTL only through renewals (two at least);
+    # the TTL leaves a renewal 1.2 s to be answered, as a machine running the suite's
+    # parts side by side can pause a process for a second or more.
+    lock = store.lock(name, ttl=1.8, auto_renew=True)
     assert await lock.acquire()
     await sleep(2.6)
     assert await lock.owned()
@@ -300,13 +301,11 @@ async def test_auto_renew_reports_loss(
     store: AsyncStore, other_store: AsyncStore, name: str
 ) -> None:
     lost = []
-    lock = store.lock(name, ttl=0.6, auto_renew=True, on_lost=lost.append)
+    # Force-released, not lost to a paused renewal.
+    lock = store.lock(name, ttl=1.8, auto_renew=True, on_lost=lost.append)
     assert await lock.acquire()
     assert await other_store.force_release(name)
-    for _ in range(100):
-        if lost:
-            break
-        await sleep(0.05)
+    await wait_until(lambda: bool(lost))
     assert lost == [lock]
     assert not lock.held
     with pytest.raises(LockExpired):
@@ -351,19 +350,26 @@ async def test_fair_serves_in_arrival_order(
 ) -> None:
     holder = store.lock(name, ttl=30, fair=True)
     assert await holder.acquire()
+    # Connected before the waiters come, so that joining the queue takes one round trip.
+    assert await other_store.lock_info(name) is not None
+    # Spies of the backends: they tell when the server queued a waiter.
+    spies = [delayed(other_store), delayed(store)]
     order: list[int] = []
 
     async def waiter(index: int) -> None:
-        lock = (store if index % 2 else other_store).lock(name, ttl=30, fair=True)
+        lock = spies[index % 2][0].lock(name, ttl=30, fair=True)
         assert await lock.acquire(wait=30)
         order.append(index)
         await sleep(0.02)
         await lock.release()
 
+    async def queued(count: int) -> None:
+        await wait_until(lambda: sum(len(spy.queued) for _, spy in spies) >= count)
+
     jobs = []
     for index in range(4):
         jobs.append(start(waiter, index))
-        await sleep(0.25)  # let each waiter join the queue before the next arrives
+        await queued(index + 1)  # each waiter joins the queue before the next arrives
     await holder.release()
     for job in jobs:
         await job.result()

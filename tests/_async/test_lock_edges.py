@@ -15,28 +15,24 @@ import pytest
 from corral.aio import AsyncLock, AsyncStore
 from corral.errors import LockError, LockLost, LockTimeout
 from tests._async.concurrency import sleep, start
-from tests._async.delayed import delayed
+from tests._async.delayed import delayed, wait_until
 
-
-async def wait_until(condition: Callable[[], bool], deadline: float = 30.0) -> None:
-    waited = 0.0
-    while not condition():
-        assert waited < deadline, "the condition never came true"
-        await sleep(0.01)
-        waited += 0.01
+# A lock renewed every third of this TTL is lost only if a renewal is not answered within
+# 1.2 s: a process running beside the suite's other parts on two cores may pause over 1 s.
+RENEWED_TTL = 1.8
 
 
 async def test_a_slow_renewal_does_not_delay_another_locks_renewal(
     store: AsyncStore, other_store: AsyncStore, name: str, lapse: Callable[[float], float]
 ) -> None:
     slow_name, quick_name = f"{name}-slow", f"{name}-quick"
-    slow_store, backend = delayed(store, only={slow_name}, extend=lapse(0.6) + 2)
+    slow_store, backend = delayed(store, only={slow_name}, extend=lapse(RENEWED_TTL) + 2)
     slow = slow_store.lock(slow_name, ttl=3, auto_renew=True)
     assert await slow.acquire()
     await wait_until(lambda: "extend" in backend.calls)  # its server answers late
-    quick = slow_store.lock(quick_name, ttl=0.6, auto_renew=True)
+    quick = slow_store.lock(quick_name, ttl=RENEWED_TTL, auto_renew=True)
     assert await quick.acquire()
-    await sleep(lapse(0.6))
+    await sleep(lapse(RENEWED_TTL))
     # Renewed all along, though the other lock's renewal is still waiting for its server.
     assert await quick.owned()
     assert not await other_store.lock(quick_name, ttl=10).acquire()
@@ -71,15 +67,16 @@ async def test_a_slow_on_lost_callback_does_not_delay_other_renewals(
 
     async def slow_callback(lock: AsyncLock) -> None:
         called.append(lock.name)
-        await sleep(lapse(0.6) + 2)
+        await sleep(lapse(RENEWED_TTL) + 2)
 
-    doomed = store.lock(f"{name}-doomed", ttl=0.6, auto_renew=True, on_lost=slow_callback)
+    # Long enough to be still there, unrenewed, when it is force-released.
+    doomed = store.lock(f"{name}-doomed", ttl=1.2, auto_renew=True, on_lost=slow_callback)
     assert await doomed.acquire()
     assert await other_store.force_release(f"{name}-doomed")
     await wait_until(lambda: bool(called))
-    kept = store.lock(f"{name}-kept", ttl=0.6, auto_renew=True)
+    kept = store.lock(f"{name}-kept", ttl=RENEWED_TTL, auto_renew=True)
     assert await kept.acquire()
-    await sleep(lapse(0.6))
+    await sleep(lapse(RENEWED_TTL))
     assert await kept.owned()
     await kept.release()
 
@@ -90,8 +87,8 @@ async def test_extend_with_a_shorter_ttl_brings_the_next_renewal_forward(
     lost: list[AsyncLock] = []
     lock = store.lock(name, ttl=30, auto_renew=True, on_lost=lost.append)
     assert await lock.acquire()
-    await lock.extend(ttl=0.6)  # renewals now every 0.2 s, not every 10 s
-    await sleep(2 * lapse(0.6))
+    await lock.extend(ttl=RENEWED_TTL)  # renewals now every 0.6 s, not every 10 s
+    await sleep(lapse(RENEWED_TTL) + 0.6)  # outlives it only through two renewals or more
     assert lost == []
     assert await lock.owned()
     assert not await other_store.lock(name, ttl=10).acquire()
@@ -102,12 +99,15 @@ async def test_a_renewal_in_flight_at_release_does_not_report_a_loss(
     store: AsyncStore, name: str
 ) -> None:
     lost: list[AsyncLock] = []
-    slow_store, backend = delayed(store, extend=0.4)
-    lock = slow_store.lock(name, ttl=0.6, auto_renew=True, on_lost=lost.append)
+    # The extend reaches the server after the release, and after the lease would have
+    # run out (renewal due at 0.6 s, the lease until 1.8 s, the extend lands at 2 s).
+    slow_store, backend = delayed(store, extend=1.4)
+    lock = slow_store.lock(name, ttl=RENEWED_TTL, auto_renew=True, on_lost=lost.append)
     assert await lock.acquire()
     await wait_until(lambda: "extend" in backend.calls)
     await lock.release()  # while the renewal's extend is on its way
-    await sleep(1.0)
+    await wait_until(lambda: backend.extends_done == 1)
+    await sleep(0.2)  # time for a loss wrongly reported on its answer to show
     assert lost == []
     assert lock.lost is None and await store.lock_info(name) is None
 
@@ -278,18 +278,20 @@ async def test_leaving_a_block_never_releases_another_threads_acquisition(
 
 
 async def test_release_reports_a_loss_already_reported_by_the_renewal(
-    store: AsyncStore, name: str, lapse: Callable[[float], float]
+    store: AsyncStore, name: str
 ) -> None:
     """The server applied the renewal, but answered after the lease surely ran out: the
     loss was reported, so the release must say so too, whatever the server says now."""
     lost: list[AsyncLock] = []
-    slow_store, _ = delayed(store, extend_reply=lapse(0.6))
-    lock = slow_store.lock(name, ttl=0.6, auto_renew=True, on_lost=lost.append)
+    # Renewal due at 0.8 s, applied at 1.2 s (the server keeps it until 3.6 s), answered
+    # at 3.6 s: the loss is reported at 2.4 s, leaving the release 1.2 s to find it held.
+    slow_store, backend = delayed(store, extend=0.4, extend_reply=2.4)
+    lock = slow_store.lock(name, ttl=2.4, auto_renew=True, on_lost=lost.append)
     assert await lock.acquire()
     await wait_until(lambda: bool(lost))
     with pytest.raises(LockLost):
         await lock.release()
-    await sleep(lapse(0.6))
+    await wait_until(lambda: backend.extends_done == 1)  # answered, or abandoned
     assert await store.lock_info(name) is None
 
 

@@ -15,6 +15,7 @@ import pytest
 from corral.aio import AsyncSemaphore, AsyncStore
 from corral.errors import ConfigError, LockError, LockExpired, LockLost, LockTimeout
 from tests._async.concurrency import sleep, start
+from tests._async.delayed import delayed, eventually, wait_until
 
 pytestmark = pytest.mark.capability("semaphores")
 
@@ -135,13 +136,14 @@ async def test_expired_with_a_free_slot_is_expired(
 async def test_extend_resets_ttl(
     store: AsyncStore, name: str, lapse: Callable[[float], float]
 ) -> None:
-    slot = store.semaphore(name, 2, ttl=0.5)
+    # The extend comes before the TTL runs out, even if the process pauses.
+    slot = store.semaphore(name, 2, ttl=1.5)
     assert await slot.acquire()
-    await slot.extend(ttl=10)
-    await sleep(lapse(0.5))
+    await slot.extend(ttl=30)
+    await sleep(lapse(1.5))
     assert await slot.owned()
     info = await store.semaphore_info(name)
-    assert info is not None and info.holders[0].ttl > 5
+    assert info is not None and info.holders[0].ttl > 20
     await slot.release()
 
 
@@ -151,14 +153,13 @@ async def test_release_hold_for_keeps_the_slot_closed(
     slot = store.semaphore(name, 1, ttl=10)
     assert await slot.acquire()
     token = slot.token
-    await slot.release(hold_for=0.6)
+    await slot.release(hold_for=1.5)  # outlasts the next round trips, even if paused
     info = await store.semaphore_info(name)
     assert info is not None and info.free == 0
     assert info.holders[0].owner is None and info.holders[0].token == token
     other = other_store.semaphore(name, 1, ttl=10)
     assert not await other.acquire()
-    await sleep(lapse(0.6))
-    assert await other.acquire()
+    await eventually(other.acquire, within=lapse(1.5))
     assert other.token is not None and token is not None and other.token > token
     await other.release()
 
@@ -236,16 +237,15 @@ async def test_auto_renew_keeps_it_and_reports_loss(
     store: AsyncStore, other_store: AsyncStore, name: str
 ) -> None:
     lost: list[object] = []
-    slot = store.semaphore(name, 1, ttl=0.6, auto_renew=True, on_lost=lost.append)
+    # Renewed every 0.6 s, so a renewal has 1.2 s to be answered: more than a pause of the
+    # process lasts. Outlives its TTL only through renewals.
+    slot = store.semaphore(name, 1, ttl=1.8, auto_renew=True, on_lost=lost.append)
     assert await slot.acquire()
-    await sleep(1.5)
+    await sleep(2.6)
     assert await slot.owned()
     assert not await other_store.semaphore(name, 1, ttl=10).acquire()
     assert await other_store.force_release_semaphore(name) == 1
-    for _ in range(100):
-        if lost:
-            break
-        await sleep(0.05)
+    await wait_until(lambda: bool(lost))
     assert lost == [slot]
     with pytest.raises(LockExpired):
         await slot.release()
@@ -312,19 +312,24 @@ async def test_fair_serves_in_arrival_order(
         assert await holder.acquire()
     # Connected before the waiters come, so that joining the queue takes one round trip.
     assert await other_store.semaphore_info(name) is not None
+    # Spies of the backends: they tell when the server queued a waiter.
+    spies = [delayed(other_store), delayed(store)]
     order: list[int] = []
 
     async def waiter(index: int) -> None:
-        slot = (store if index % 2 else other_store).semaphore(name, 2, ttl=30, fair=True)
+        slot = spies[index % 2][0].semaphore(name, 2, ttl=30, fair=True)
         assert await slot.acquire(wait=30)
         order.append(index)
         await sleep(0.02)
         await slot.release()
 
+    async def queued(count: int) -> None:
+        await wait_until(lambda: sum(len(spy.queued) for _, spy in spies) >= count)
+
     jobs = []
     for index in range(4):
         jobs.append(start(waiter, index))
-        await sleep(0.25)  # let each waiter join the queue before the next arrives
+        await queued(index + 1)  # each waiter joins the queue before the next arrives
     await holders[0].release()
     for job in jobs:
         await job.result()
@@ -386,6 +391,8 @@ async def test_a_shared_handle_lets_limit_blocks_in(store: AsyncStore, name: str
             tokens.append(slot.token)
             inside.append(index)
             most = max(most, len(inside))
+            # Stays until three blocks were in at once, however late the others came.
+            await wait_until(lambda: most >= 3, deadline=10)
             await sleep(0.3)
             inside.remove(index)
 

@@ -17,6 +17,7 @@ import pytest
 from corral import Election, Store
 from corral.errors import ConfigError, LockExpired
 from tests._sync.concurrency import sleep, start
+from tests._sync.delayed import wait_until
 
 
 def test_one_leader_named_everywhere(store: Store, other_store: Store, name: str) -> None:
@@ -106,16 +107,15 @@ def test_a_lost_leadership_is_reported_and_a_new_term_can_follow(
     store: Store, other_store: Store, name: str
 ) -> None:
     lost: list[Election] = []
-    election = store.election(name, ttl=0.6, identity="a", on_lost=lost.append)
+    # Renewed every 0.6 s, so a renewal has 1.2 s to be answered: more than a pause of the
+    # process lasts.
+    election = store.election(name, ttl=1.8, identity="a", on_lost=lost.append)
     assert election.campaign()
     first_term = election.term
-    sleep(1.2)  # renewed meanwhile
+    sleep(2.6)  # outlives its TTL only through renewals
     assert election.is_leader and election.term == first_term
     assert other_store.force_release_election(name)
-    for _ in range(100):
-        if lost:
-            break
-        sleep(0.05)
+    wait_until(lambda: bool(lost))
     assert lost == [election]
     assert not election.is_leader
     with pytest.raises(LockExpired, match=name):

@@ -23,6 +23,7 @@ from corral.errors import (
     LockTimeout,
 )
 from tests._sync.concurrency import sleep, start
+from tests._sync.delayed import delayed, eventually, wait_until
 
 
 def test_acquire_release_and_identity(store: Store, name: str) -> None:
@@ -116,16 +117,17 @@ def test_expired_and_free_is_expired(
 
 
 def test_extend_resets_ttl(store: Store, name: str, lapse: Callable[[float], float]) -> None:
-    lock = store.lock(name, ttl=0.5)
+    # The extend comes before the TTL runs out, even if the process pauses.
+    lock = store.lock(name, ttl=1.5)
     assert lock.acquire()
     lock.extend(ttl=10)
     info = store.lock_info(name)
     assert info is not None and info.ttl > 5
-    sleep(lapse(0.5))
+    sleep(lapse(1.5))
     assert lock.owned()
     lock.extend()  # back to the lock's own ttl
     info = store.lock_info(name)
-    assert info is not None and info.ttl <= lapse(0.5)
+    assert info is not None and info.ttl <= lapse(1.5)
     lock.release()
 
 
@@ -135,14 +137,13 @@ def test_release_hold_for_keeps_it_closed(
     lock = store.lock(name, ttl=10)
     assert lock.acquire()
     token = lock.token
-    lock.release(hold_for=0.6)
+    lock.release(hold_for=1.5)  # outlasts the next round trips, even if paused
     info = store.lock_info(name)
     assert info is not None and info.owner is None and info.token == token
     assert lock.locked()
     other = other_store.lock(name, ttl=10)
     assert not other.acquire()
-    sleep(lapse(0.6))
-    assert other.acquire()
+    eventually(other.acquire, within=lapse(1.5))
     assert other.token is not None and token is not None and other.token > token
     other.release()
 
@@ -197,7 +198,7 @@ def test_fail_fast_does_not_wait_for_a_long_holder(
         return waiter.acquire(wait=20, fail_fast=True)
 
     job = start(try_it)
-    for _ in range(60):  # give it a moment to give up by itself
+    for _ in range(200):  # give it a moment to give up by itself
         if job.done():
             break
         sleep(0.05)
@@ -277,10 +278,10 @@ def test_non_reentrant_second_acquire_is_an_error(store: Store, name: str) -> No
 
 
 def test_auto_renew_keeps_it(store: Store, other_store: Store, name: str) -> None:
-    # Renewed every TTL/3, the lock outlives two TTLs only through renewals; the TTL
-    # leaves a renewal 0.8 s to be answered, as a machine running the suite's parts
-    # side by side can pause a process for a few tenths of a second.
-    lock = store.lock(name, ttl=1.2, auto_renew=True)
+    # Renewed every TTL/3, the lock outlives its TTL only through renewals (two at least);
+    # the TTL leaves a renewal 1.2 s to be answered, as a machine running the suite's
+    # parts side by side can pause a process for a second or more.
+    lock = store.lock(name, ttl=1.8, auto_renew=True)
     assert lock.acquire()
     sleep(2.6)
     assert lock.owned()
@@ -292,13 +293,11 @@ def test_auto_renew_keeps_it(store: Store, other_store: Store, name: str) -> Non
 
 def test_auto_renew_reports_loss(store: Store, other_store: Store, name: str) -> None:
     lost = []
-    lock = store.lock(name, ttl=0.6, auto_renew=True, on_lost=lost.append)
+    # Force-released, not lost to a paused renewal.
+    lock = store.lock(name, ttl=1.8, auto_renew=True, on_lost=lost.append)
     assert lock.acquire()
     assert other_store.force_release(name)
-    for _ in range(100):
-        if lost:
-            break
-        sleep(0.05)
+    wait_until(lambda: bool(lost))
     assert lost == [lock]
     assert not lock.held
     with pytest.raises(LockExpired):
@@ -341,19 +340,26 @@ def test_force_release(store: Store, other_store: Store, name: str) -> None:
 def test_fair_serves_in_arrival_order(store: Store, other_store: Store, name: str) -> None:
     holder = store.lock(name, ttl=30, fair=True)
     assert holder.acquire()
+    # Connected before the waiters come, so that joining the queue takes one round trip.
+    assert other_store.lock_info(name) is not None
+    # Spies of the backends: they tell when the server queued a waiter.
+    spies = [delayed(other_store), delayed(store)]
     order: list[int] = []
 
     def waiter(index: int) -> None:
-        lock = (store if index % 2 else other_store).lock(name, ttl=30, fair=True)
+        lock = spies[index % 2][0].lock(name, ttl=30, fair=True)
         assert lock.acquire(wait=30)
         order.append(index)
         sleep(0.02)
         lock.release()
 
+    def queued(count: int) -> None:
+        wait_until(lambda: sum(len(spy.queued) for _, spy in spies) >= count)
+
     jobs = []
     for index in range(4):
         jobs.append(start(waiter, index))
-        sleep(0.25)  # let each waiter join the queue before the next arrives
+        queued(index + 1)  # each waiter joins the queue before the next arrives
     holder.release()
     for job in jobs:
         job.result()

@@ -17,6 +17,7 @@ import pytest
 from corral import Semaphore, Store
 from corral.errors import ConfigError, LockError, LockExpired, LockLost, LockTimeout
 from tests._sync.concurrency import sleep, start
+from tests._sync.delayed import delayed, eventually, wait_until
 
 pytestmark = pytest.mark.capability("semaphores")
 
@@ -131,13 +132,14 @@ def test_expired_with_a_free_slot_is_expired(
 
 
 def test_extend_resets_ttl(store: Store, name: str, lapse: Callable[[float], float]) -> None:
-    slot = store.semaphore(name, 2, ttl=0.5)
+    # The extend comes before the TTL runs out, even if the process pauses.
+    slot = store.semaphore(name, 2, ttl=1.5)
     assert slot.acquire()
-    slot.extend(ttl=10)
-    sleep(lapse(0.5))
+    slot.extend(ttl=30)
+    sleep(lapse(1.5))
     assert slot.owned()
     info = store.semaphore_info(name)
-    assert info is not None and info.holders[0].ttl > 5
+    assert info is not None and info.holders[0].ttl > 20
     slot.release()
 
 
@@ -147,14 +149,13 @@ def test_release_hold_for_keeps_the_slot_closed(
     slot = store.semaphore(name, 1, ttl=10)
     assert slot.acquire()
     token = slot.token
-    slot.release(hold_for=0.6)
+    slot.release(hold_for=1.5)  # outlasts the next round trips, even if paused
     info = store.semaphore_info(name)
     assert info is not None and info.free == 0
     assert info.holders[0].owner is None and info.holders[0].token == token
     other = other_store.semaphore(name, 1, ttl=10)
     assert not other.acquire()
-    sleep(lapse(0.6))
-    assert other.acquire()
+    eventually(other.acquire, within=lapse(1.5))
     assert other.token is not None and token is not None and other.token > token
     other.release()
 
@@ -226,16 +227,15 @@ def test_context_manager_reports_loss_on_exit(store: Store, other_store: Store, 
 
 def test_auto_renew_keeps_it_and_reports_loss(store: Store, other_store: Store, name: str) -> None:
     lost: list[object] = []
-    slot = store.semaphore(name, 1, ttl=0.6, auto_renew=True, on_lost=lost.append)
+    # Renewed every 0.6 s, so a renewal has 1.2 s to be answered: more than a pause of the
+    # process lasts. Outlives its TTL only through renewals.
+    slot = store.semaphore(name, 1, ttl=1.8, auto_renew=True, on_lost=lost.append)
     assert slot.acquire()
-    sleep(1.5)
+    sleep(2.6)
     assert slot.owned()
     assert not other_store.semaphore(name, 1, ttl=10).acquire()
     assert other_store.force_release_semaphore(name) == 1
-    for _ in range(100):
-        if lost:
-            break
-        sleep(0.05)
+    wait_until(lambda: bool(lost))
     assert lost == [slot]
     with pytest.raises(LockExpired):
         slot.release()
@@ -298,19 +298,24 @@ def test_fair_serves_in_arrival_order(store: Store, other_store: Store, name: st
         assert holder.acquire()
     # Connected before the waiters come, so that joining the queue takes one round trip.
     assert other_store.semaphore_info(name) is not None
+    # Spies of the backends: they tell when the server queued a waiter.
+    spies = [delayed(other_store), delayed(store)]
     order: list[int] = []
 
     def waiter(index: int) -> None:
-        slot = (store if index % 2 else other_store).semaphore(name, 2, ttl=30, fair=True)
+        slot = spies[index % 2][0].semaphore(name, 2, ttl=30, fair=True)
         assert slot.acquire(wait=30)
         order.append(index)
         sleep(0.02)
         slot.release()
 
+    def queued(count: int) -> None:
+        wait_until(lambda: sum(len(spy.queued) for _, spy in spies) >= count)
+
     jobs = []
     for index in range(4):
         jobs.append(start(waiter, index))
-        sleep(0.25)  # let each waiter join the queue before the next arrives
+        queued(index + 1)  # each waiter joins the queue before the next arrives
     holders[0].release()
     for job in jobs:
         job.result()
@@ -372,6 +377,8 @@ def test_a_shared_handle_lets_limit_blocks_in(store: Store, name: str) -> None:
             tokens.append(slot.token)
             inside.append(index)
             most = max(most, len(inside))
+            # Stays until three blocks were in at once, however late the others came.
+            wait_until(lambda: most >= 3, deadline=10)
             sleep(0.3)
             inside.remove(index)
 

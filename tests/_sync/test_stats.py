@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -12,6 +11,7 @@ import pytest
 from corral import Store
 from corral.errors import LockExpired
 from tests._sync.concurrency import sleep, start
+from tests._sync.delayed import delayed, wait_until
 
 
 def delta(before: dict[str, Any], after: dict[str, Any], key: str) -> int:
@@ -20,28 +20,29 @@ def delta(before: dict[str, Any], after: dict[str, Any], key: str) -> int:
     return int(after[key] - before[key])
 
 
-def test_stats_count_what_the_locks_did(
-    store: Store, name: str, lapse: Callable[[float], float]
-) -> None:
-    before = store.stats()["locks"]
-    first = store.lock(name, ttl=10)
-    second = store.lock(name, ttl=10)
+def test_stats_count_what_the_locks_did(store: Store, name: str) -> None:
+    spied, backend = delayed(store)  # no delays: it tells when an attempt was refused
+    before = spied.stats()["locks"]
+    first = spied.lock(name, ttl=10)
+    second = spied.lock(name, ttl=10)
     assert first.acquire()
     assert not second.acquire(wait=0)
     waiting = start(second.acquire, 20)
+    wait_until(lambda: backend.refused >= 2)  # waiting, however late it started
     sleep(0.2)
     first.release()
     assert waiting.result()
-    assert store.force_release(name)
+    assert spied.force_release(name)
     with pytest.raises(LockExpired):
         second.check()
     with pytest.raises(LockExpired):
         second.release()
-    renewed = store.lock(f"{name}-renewed", ttl=0.6, auto_renew=True)
+    # A TTL that a pause of the process does not outlast; released once renewed.
+    renewed = spied.lock(f"{name}-renewed", ttl=1.8, auto_renew=True)
     assert renewed.acquire()
-    sleep(lapse(0.6))
+    wait_until(lambda: delta(before, spied.stats()["locks"], "renewals") >= 1)
     renewed.release()
-    after = store.stats()["locks"]
+    after = spied.stats()["locks"]
     assert delta(before, after, "acquisitions") == 3
     assert delta(before, after, "contended") == 1
     assert delta(before, after, "timeouts") == 1
