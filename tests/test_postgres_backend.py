@@ -706,21 +706,28 @@ def test_sweeping_acquisitions_never_deadlock(backend_url: str) -> None:
 
 
 @pytest.mark.parametrize("length", [20, 20_000])
-def test_a_release_elsewhere_wakes_the_waiter_at_once(backend_url: str, length: int) -> None:
+def test_a_release_elsewhere_wakes_the_waiter_at_once(
+    backend_url: str, length: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No timer of the waiter fires before the test gives up on it (re-check, starvation
+    # guard; the holder's TTL and the wait are longer): only the NOTIFY can wake it.
+    monkeypatch.setattr(lockflow, "NOTIFIED_RECHECK", 120.0)
+    monkeypatch.setattr(sync_lock, "STARVE_AFTER", 120.0)
     name = (uuid.uuid4().hex * (length // 32 + 1))[:length]
     with corral.connect(backend_url) as holder_store, corral.connect(backend_url) as waiter_store:
         for free in ("release", "force_release"):
-            holder = holder_store.lock(name, ttl=30)
+            holder = holder_store.lock(name, ttl=120)
             assert holder.acquire()
             woke: list[float] = []
 
             def wait(store: corral.Store = waiter_store, woke: list[float] = woke) -> None:
                 lock = store.lock(name, ttl=30)
-                assert lock.acquire(wait=20)
+                assert lock.acquire(wait=120)
                 woke.append(time.monotonic())
                 lock.release()
 
-            thread = threading.Thread(target=wait)
+            # Daemon: a waiter never woken fails the test, and does not hold up the run.
+            thread = threading.Thread(target=wait, daemon=True)
             thread.start()
             time.sleep(0.3)
             if free == "release":
@@ -728,7 +735,9 @@ def test_a_release_elsewhere_wakes_the_waiter_at_once(backend_url: str, length: 
             else:
                 assert holder_store.force_release(name)
             thread.join(30)
-            assert woke, free  # within its wait, which no timer of its own could end
+            # Its wait (120 s) outlasts the join: its last attempt at the wait's end
+            # cannot pass the test, only the NOTIFY can.
+            assert woke, free
 
 
 @pytest.mark.parametrize("odd", ["nul\x00byte", "é" * 600], ids=["nul", "long"])
@@ -1187,26 +1196,28 @@ def test_semaphore_names_used_once_leave_nothing_behind(backend_url: str) -> Non
 def test_a_slot_freed_elsewhere_wakes_the_semaphore_waiter_at_once(
     backend_url: str, length: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # No timer of the waiter fires within its 20 s wait (re-check, starvation guard,
-    # queue refresh; the holders' TTL is longer): only the NOTIFY can wake it in time.
+    # No timer of the waiter fires before the test gives up on it (re-check, starvation
+    # guard, queue refresh; the holders' TTL and the wait are longer): only the NOTIFY
+    # can wake it.
     monkeypatch.setattr(lockflow, "NOTIFIED_RECHECK", 120.0)
     monkeypatch.setattr(sync_lock, "STARVE_AFTER", 120.0)
     monkeypatch.setattr(sync_lock, "FAIR_QUEUE_TTL", 360.0)
     name = (uuid.uuid4().hex * (length // 32 + 1))[:length]
     with corral.connect(backend_url) as holder_store, corral.connect(backend_url) as waiter_store:
         for free in ("release", "force_release"):
-            holders = [holder_store.semaphore(name, 2, ttl=30) for _ in range(2)]
+            holders = [holder_store.semaphore(name, 2, ttl=120) for _ in range(2)]
             for holder in holders:
                 assert holder.acquire()
             woke: list[float] = []
 
             def wait(store: corral.Store = waiter_store, woke: list[float] = woke) -> None:
                 slot = store.semaphore(name, 2, ttl=30)
-                assert slot.acquire(wait=20)
+                assert slot.acquire(wait=120)
                 woke.append(time.monotonic())
                 slot.release()
 
-            thread = threading.Thread(target=wait)
+            # Daemon: a waiter never woken fails the test, and does not hold up the run.
+            thread = threading.Thread(target=wait, daemon=True)
             thread.start()
             time.sleep(0.3)
             if free == "release":
@@ -1214,7 +1225,9 @@ def test_a_slot_freed_elsewhere_wakes_the_semaphore_waiter_at_once(
             else:
                 assert holder_store.force_release_semaphore(name) == 2
             thread.join(30)
-            assert woke, free  # within its wait, which no timer of its own could end
+            # Its wait (120 s) outlasts the join: its last attempt at the wait's end
+            # cannot pass the test, only the NOTIFY can.
+            assert woke, free
             holder_store.force_release_semaphore(name)
 
 
