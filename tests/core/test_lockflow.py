@@ -102,6 +102,22 @@ def test_a_wait_shorter_than_the_starvation_guard_never_queues() -> None:
     assert plan.next_wait(0.3, Attempt(acquired=False)) is None
 
 
+def test_a_wait_as_long_as_the_starvation_guard_never_queues() -> None:
+    plan = WaitPlan(now=0.0, wait=0.1, fail_fast=False, notifies=False, queue_after=0.1)
+    assert not plan.should_queue(0.1)
+
+
+def test_a_slow_first_attempt_does_not_queue_past_the_deadline() -> None:
+    # A wait longer than the guard, whose first attempt answered after the wait ended:
+    # no queue place, and no further attempt.
+    plan = WaitPlan(now=0.0, wait=0.5, fail_fast=False, notifies=False, queue_after=0.1)
+    assert not plan.should_queue(0.6)
+    assert plan.next_wait(0.6, Attempt(acquired=False)) is None
+    # Answered within the wait: it queues.
+    plan = WaitPlan(now=0.0, wait=0.5, fail_fast=False, notifies=False, queue_after=0.1)
+    assert plan.should_queue(0.3)
+
+
 def test_backoff_validates() -> None:
     with pytest.raises(ValueError):
         Backoff(initial=0)

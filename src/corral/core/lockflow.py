@@ -109,7 +109,11 @@ class WaitPlan:
         From then on it waits in the queue (refreshing its place as a fair
         waiter does), so a newcomer can no longer take the lock before it.
         """
-        return self.queue_at is not None and now >= self.queue_at
+        # Past the deadline the wait is over: joining now would only buy an attempt the
+        # caller did not ask for (one that could grant the lock late), then a leave.
+        if self.queue_at is None or now < self.queue_at:
+            return False
+        return self.deadline is None or now < self.deadline
 
     def queue(self, refresh_every: float) -> None:
         """The waiter joined the queue: refresh its place this often, never queue again.
