@@ -7,6 +7,7 @@ import contextlib
 import gc
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -80,11 +81,14 @@ async def test_the_take_back_of_a_cancelled_attempt_never_overtakes_it(
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        for _ in range(600):  # the attempt has landed once it is taken back
+        for _ in range(600):  # until it is taken back
             if "release" in backend.calls:
                 break
             await asyncio.sleep(0.05)
         assert "release" in backend.calls
+        # Taken back only once the server had acted on the attempt: a take-back before
+        # would find nothing, and the attempt would then leave an unknown owner holding it.
+        assert backend.calls.index("answered") < backend.calls.index("release")
         assert await eventually_free(store, name)
         assert not victim.held
 
@@ -103,8 +107,12 @@ async def test_a_cancelled_queued_attempt_leaves_no_place_behind(
         leave_queue = backend.leave_queue
 
         async def spy(lock_name: str, owner: str) -> None:
+            # The caller leaves at once; what counts is the leave after the server acted
+            # on the attempt, which alone removes the place that attempt took.
+            landed = "answered" in backend.calls
             await leave_queue(lock_name, owner)
-            undone.set()  # only the undo leaves, once the attempt is over
+            if landed:
+                undone.set()
 
         monkeypatch.setattr(backend, "leave_queue", spy)
         victim = slow.lock(name, ttl=30, fair=True)
@@ -401,6 +409,42 @@ def _wait_until_corral_jobs_are_idle(within: float = 30.0) -> None:
     raise AssertionError("corral's background jobs did not go idle")
 
 
+def _wait_until_other_threads_are_blocked(within: float = 30.0) -> None:
+    """Until every other thread sits in one blocking call (three looks 20 ms apart find
+    it at the same instruction), so none holds the GIL or a lock the child will need."""
+    me = threading.get_ident()
+
+    def where() -> dict[int, tuple[int, int]]:
+        return {
+            ident: (id(frame), frame.f_lasti)
+            for ident, frame in sys._current_frames().items()
+            if ident != me
+        }
+
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        first = where()
+        time.sleep(0.02)
+        second = where()
+        time.sleep(0.02)
+        if first == second == where():
+            return
+    raise AssertionError("the other threads never sat still")
+
+
+def _reap_or_kill(pid: int, within: float = 60.0) -> int:
+    """The child's exit code; a child that hangs is killed, so the run leaves nothing."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    raise AssertionError(f"the forked child hung for {within} s")
+
+
 def test_a_child_forked_without_pythons_fork_hooks_has_its_own_identity(
     backend_url: str, name: str
 ) -> None:
@@ -420,6 +464,9 @@ def test_a_child_forked_without_pythons_fork_hooks_has_its_own_identity(
         # last master, still being read), the child would wait for it forever. uWSGI forks
         # before any such thread runs; so does this test, once corral's jobs are idle.
         _wait_until_corral_jobs_are_idle()
+        # Nor any other thread (a connection pool's, opening connections in the
+        # background).
+        _wait_until_other_threads_are_blocked()
         pid = libc.fork()
         assert pid >= 0
         if pid == 0:  # the child, forked behind Python's back: exit status only
@@ -442,8 +489,7 @@ def test_a_child_forked_without_pythons_fork_hooks_has_its_own_identity(
             except BaseException:
                 code = 8
             os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
+        assert _reap_or_kill(pid) == 0
         assert lock.owned()
         lock.release()
 

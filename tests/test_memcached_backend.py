@@ -1458,7 +1458,7 @@ def test_an_unreachable_server_fails_within_the_timeout(backend_name: str, name:
         began = time.monotonic()
         with pytest.raises(BackendUnavailable, match=f"127.0.0.1:{port}"):
             store.lock(name).acquire()
-        assert time.monotonic() - began < 1 * 2 + 3  # room for a paused test
+        assert time.monotonic() - began < 4.5  # room for a pause, short of the 5 s default timeout
 
 
 # -- semaphores: a key per slot ------------------------------------------------------
@@ -2138,7 +2138,7 @@ def test_cache_calls_on_an_unreachable_or_silent_server_fail_within_the_timeout(
             with pytest.raises(BackendUnavailable, match=f"127.0.0.1:{port}") as caught:
                 call()
             assert "s3cret" not in str(caught.value)
-            assert time.monotonic() - began < 1 * 2 + 3  # room for a paused test
+            assert time.monotonic() - began < 4.5  # short of the 5 s default
     listener = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
     port = listener.getsockname()[1]
     try:
@@ -2146,6 +2146,6 @@ def test_cache_calls_on_an_unreachable_or_silent_server_fail_within_the_timeout(
             began = time.monotonic()
             with pytest.raises(BackendUnavailable, match="did not answer within 1 s"):
                 store.backend.cache_fetch([f"ns:{name}"], "g")
-            assert time.monotonic() - began < 1 * 2 + 3  # room for a paused test
+            assert time.monotonic() - began < 4.5  # short of the 5 s default
     finally:
         listener.close()

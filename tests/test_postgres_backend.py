@@ -915,7 +915,7 @@ def test_a_frozen_server_fails_calls_within_the_timeout(
     def check(error: BaseException | None, elapsed: float) -> None:
         assert isinstance(error, BackendUnavailable), error
         assert "did not answer" in str(error) and where in str(error)
-        assert elapsed < timeout * 2 + 3  # room for a paused test
+        assert elapsed < 4.5  # room for a pause, short of the 5 s default timeout
 
     if flavour == "sync":
         with corral.connect(own_server.url, timeout=timeout) as store:
@@ -2057,7 +2057,7 @@ def test_a_frozen_server_fails_cache_calls_within_the_timeout(
     def check(error: BaseException | None, elapsed: float) -> None:
         assert isinstance(error, BackendUnavailable), error
         assert "did not answer" in str(error) and name in str(error)
-        assert elapsed < timeout * 2 + 3  # room for a paused test
+        assert elapsed < 4.5  # room for a pause, short of the 5 s default timeout
 
     if flavour == "sync":
         with corral.connect(own_server.url, timeout=timeout) as store:

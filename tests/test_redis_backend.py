@@ -21,6 +21,7 @@ import redis
 
 import corral
 import corral.aio
+from corral._async import lock as async_lock
 from corral._sync import lock as sync_lock
 from corral._sync.backends import redis as sync_redis
 from corral.backends import redis_scripts
@@ -449,7 +450,11 @@ def test_concurrent_attempts_from_many_connections_never_exceed_the_limit(
         client.close()
 
 
-def test_a_cancelled_wait_takes_no_slot_and_leaves_the_queue(backend_url: str, name: str) -> None:
+def test_a_cancelled_wait_takes_no_slot_and_leaves_the_queue(
+    backend_url: str, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A place that outlives the test: only leaving the queue empties it.
+    monkeypatch.setattr(async_lock, "FAIR_QUEUE_TTL", 300.0)
     client: Any = redis.Redis.from_url(backend_url)
     keys = redis_scripts.semaphore_keys("corral", name)
 

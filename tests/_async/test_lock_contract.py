@@ -196,19 +196,19 @@ async def test_wait_gives_up(store: AsyncStore, other_store: AsyncStore, name: s
 async def test_fail_fast_does_not_wait_for_a_long_holder(
     store: AsyncStore, other_store: AsyncStore, name: str
 ) -> None:
-    holder = store.lock(name, ttl=60)
+    holder = store.lock(name, ttl=300)
     assert await holder.acquire()
     waiter = other_store.lock(name, ttl=30)
 
     async def try_it() -> bool:
-        return await waiter.acquire(wait=20, fail_fast=True)
+        return await waiter.acquire(wait=120, fail_fast=True)
 
     job = start(try_it)
     for _ in range(200):  # give it a moment to give up by itself
         if job.done():
             break
         await sleep(0.05)
-    # Had it kept waiting, this release would hand it the lock well within its 20 s.
+    # Had it kept waiting, this release would hand it the lock well within its 120 s.
     await holder.release()
     assert await job.result() is False
     assert not waiter.held

@@ -26,7 +26,8 @@ class DelayedBackend(Backend):
     `delays` maps a primitive's name to seconds (a semaphore's slot primitives go
     by the lock's names); `only` (if given) limits the delays to calls whose name
     is in it. Three more: `wire` delays an attempt after it was sent (cancelling
-    the caller does not stop it: the server will still act on it), `extend_reply`
+    the caller does not stop it: the server will still act on it; "answered" joins
+    `calls` once it has), `extend_reply`
     delays the answer to an extend the server applied, and `leave` delays leaving
     a wake-up subscription.
     """
@@ -60,6 +61,7 @@ class DelayedBackend(Backend):
             sleep(seconds)
 
     def _answered(self, owner: str, attempt: Attempt, options: dict[str, Any]) -> Attempt:
+        self.calls.append("answered")  # the server has acted on the attempt
         if not attempt.acquired:
             self.refused += 1
             if options.get("queue_ttl") is not None:

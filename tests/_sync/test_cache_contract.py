@@ -197,6 +197,28 @@ def test_every_waiter_is_woken_by_the_release(
     compute = Gated("computed")
     shared = store.capabilities.cross_process
     stores = [connect(backend_url).__enter__() if shared else store for _ in range(6)]
+    # The waiters that are waiting: subscribed, so only a wake-up can end their wait.
+    waiting: set[int] = set()
+
+    def spy_on_watchers(backend: Any) -> None:
+        watcher = backend.watcher
+
+        def spying_watcher(lock_name: str) -> Any:
+            subscription = watcher(lock_name)
+            wait = subscription.wait
+
+            def wait_and_tell(timeout: float) -> bool:
+                waiting.add(id(subscription))
+                return wait(timeout)  # type: ignore[no-any-return]
+
+            monkeypatch.setattr(subscription, "wait", wait_and_tell)
+            return subscription
+
+        monkeypatch.setattr(backend, "watcher", spying_watcher)
+
+    if shared:
+        for each in stores:
+            spy_on_watchers(each.backend)
     try:
         caches = [s.cache(name, lock_wait=30) for s in [store, *stores]]
         first = start(functools.partial(caches[0].get_or_compute, ttl=3), "k", compute)
@@ -206,10 +228,7 @@ def test_every_waiter_is_woken_by_the_release(
                 start(functools.partial(c.get_or_compute, ttl=3), "k", compute) for c in caches[1:]
             ]
             if shared:  # one store here: the others join its flight
-                until(
-                    lambda: sum(c.stats()["lock_waits"] for c in caches) >= 6,
-                    "all six wait for the release",
-                )
+                until(lambda: len(waiting) >= 6, "all six wait for the release")
         finally:
             compute.release.set()
         assert first.result() == "computed"

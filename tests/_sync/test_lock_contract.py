@@ -190,19 +190,19 @@ def test_wait_gives_up(store: Store, other_store: Store, name: str) -> None:
 def test_fail_fast_does_not_wait_for_a_long_holder(
     store: Store, other_store: Store, name: str
 ) -> None:
-    holder = store.lock(name, ttl=60)
+    holder = store.lock(name, ttl=300)
     assert holder.acquire()
     waiter = other_store.lock(name, ttl=30)
 
     def try_it() -> bool:
-        return waiter.acquire(wait=20, fail_fast=True)
+        return waiter.acquire(wait=120, fail_fast=True)
 
     job = start(try_it)
     for _ in range(200):  # give it a moment to give up by itself
         if job.done():
             break
         sleep(0.05)
-    # Had it kept waiting, this release would hand it the lock well within its 20 s.
+    # Had it kept waiting, this release would hand it the lock well within its 120 s.
     holder.release()
     assert job.result() is False
     assert not waiter.held
