@@ -101,25 +101,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-# How long each backend's tests take, roughly, relative to each other (its TTL slack
-# and round trips decide it), and the heavier modules that use no backend: what the
-# parts of a sharded run are balanced by.
+# How long each backend's tests take (and the heavier modules that use no backend), in
+# hundreds of seconds of one full run's `--durations=0` on 2 cores: what the parts of a
+# sharded run are balanced by. Units not named here weigh 0.1.
 SHARD_WEIGHTS = {
-    "etcd-cluster": 7.0,
-    "etcd": 5.0,
-    "memcached": 5.0,
-    "postgres": 4.0,
-    "redis": 4.0,
-    "sqlite": 4.0,
-    "memory": 1.5,
-    "redlock": 4.0,
-    "memcached-pool": 5.0,
-    "redis-pool": 4.0,
-    "tests/test_cli.py": 4.0,
-    "tests/test_cli_cache.py": 2.0,
-    "tests/test_servers.py": 3.0,
-    "redis-cluster": 5.0,
-    "tests/test_cli_lab.py": 1.0,
+    "etcd-cluster": 5.6,
+    "postgres": 5.2,
+    "etcd": 5.1,
+    "memcached": 5.1,
+    "memcached-pool": 4.4,
+    "redis-cluster": 4.3,
+    "redis": 3.2,
+    "redis-pool": 3.1,
+    "sqlite": 2.7,
+    "redlock": 2.6,
+    "memory": 1.4,
+    "tests/test_etcd_backend.py": 0.9,
+    "tests/test_cli.py": 0.6,
+    "tests/test_servers.py": 0.4,
+    "tests/test_cli_cache.py": 0.4,
 }
 
 
@@ -127,10 +127,10 @@ def shard_plan(units: list[str], parts: int) -> dict[str, int]:
     """Give each unit (a backend, or a module using none) to a part, heaviest first."""
     loads = [0.0] * parts
     plan = {}
-    for unit in sorted(units, key=lambda u: (-SHARD_WEIGHTS.get(u, 0.5), u)):
+    for unit in sorted(units, key=lambda u: (-SHARD_WEIGHTS.get(u, 0.1), u)):
         part = loads.index(min(loads))
         plan[unit] = part
-        loads[part] += SHARD_WEIGHTS.get(unit, 0.5)
+        loads[part] += SHARD_WEIGHTS.get(unit, 0.1)
     return plan
 
 
