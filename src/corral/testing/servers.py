@@ -97,6 +97,7 @@ _PORT_ATTEMPTS = 3
 _LOG_TAIL_LINES = 40
 
 _S = TypeVar("_S", bound="ServerProcess")
+_G = TypeVar("_G", bound="ServerGroup")
 
 # Binary -> Debian package, so the error tells the reader what to install.
 _POSTGRES_BINARIES = frozenset(
@@ -1325,7 +1326,53 @@ class EtcdServer(ServerProcess):
         shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
-class EtcdCluster:
+class ServerGroup:
+    """Servers started and stopped together (a cluster, a pool, Redlock's masters): what a
+    test does to one server (stop, SIGSTOP, SIGCONT, SIGKILL), done to each of them."""
+
+    @property
+    def processes(self) -> Sequence[ServerProcess]:
+        raise NotImplementedError
+
+    @property
+    def url(self) -> str:
+        raise NotImplementedError
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+        """Stop the servers one at a time (a cluster member spends a moment handing its
+        leadership over as it goes)."""
+        for process in self.processes:
+            process.stop(timeout)
+
+    def pause(self) -> None:
+        """SIGSTOP every server: the whole group stops answering at once."""
+        for process in self.processes:
+            process.pause()
+
+    def resume(self) -> None:
+        for process in self.processes:
+            process.resume()
+
+    def kill(self) -> None:
+        for process in self.processes:
+            process.kill()
+
+    def __enter__(self: _G) -> _G:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.url}>"
+
+
+class EtcdCluster(ServerGroup):
     """Several etcd members forming one cluster; stop members to test failover."""
 
     def __init__(self, members: list[EtcdServer]) -> None:
@@ -1340,41 +1387,9 @@ class EtcdCluster:
     def endpoints(self) -> list[str]:
         return [m.client_url for m in self.members]
 
-    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
-        """Stop the members one at a time.
-
-        Stopped together, each member spends seconds trying to hand its
-        leadership to peers that are going too; one by one, it takes a moment.
-        """
-        for member in self.members:
-            member.stop(timeout)
-
-    def pause(self) -> None:
-        """SIGSTOP every member: the whole cluster stops answering at once."""
-        for member in self.members:
-            member.pause()
-
-    def resume(self) -> None:
-        for member in self.members:
-            member.resume()
-
-    def kill(self) -> None:
-        for member in self.members:
-            member.kill()
-
-    def __enter__(self) -> EtcdCluster:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    def __repr__(self) -> str:
-        return f"<EtcdCluster {self.url}>"
+    @property
+    def processes(self) -> list[EtcdServer]:
+        return self.members
 
 
 def start_etcd(workdir: Path, *, startup_timeout: float = STARTUP_TIMEOUT) -> EtcdServer:
@@ -1736,7 +1751,7 @@ class RedisMaster(RedisServer):
         return [*cmd, "--appendfsync", "always"]
 
 
-class RedisMasters:
+class RedisMasters(ServerGroup):
     """Independent Redis masters for `redis+redlock://`; each one is in `masters`."""
 
     def __init__(self, masters: Sequence[RedisMaster]) -> None:
@@ -1746,36 +1761,9 @@ class RedisMasters:
     def url(self) -> str:
         return "redis+redlock://" + ",".join(f"{m.host}:{m.port}" for m in self.masters)
 
-    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
-        for master in self.masters:
-            master.stop(timeout)
-
-    def pause(self) -> None:
-        """SIGSTOP every master: none of them answers."""
-        for master in self.masters:
-            master.pause()
-
-    def resume(self) -> None:
-        for master in self.masters:
-            master.resume()
-
-    def kill(self) -> None:
-        for master in self.masters:
-            master.kill()
-
-    def __enter__(self) -> RedisMasters:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    def __repr__(self) -> str:
-        return f"<RedisMasters {self.url}>"
+    @property
+    def processes(self) -> list[RedisMaster]:
+        return self.masters
 
 
 def start_redis_masters(
@@ -1799,7 +1787,7 @@ def start_redis_masters(
 # --------------------------------------------------------------------------- pools
 
 
-class ServerPool:
+class ServerPool(ServerGroup):
     """Independent servers of one kind that a client spreads keys over (a corral pool)."""
 
     def __init__(self, members: list[MemcachedServer] | list[RedisServer], url: str) -> None:
@@ -1820,30 +1808,14 @@ class ServerPool:
         """The member a ring names ``host:port``."""
         return self.members[self.hosts.index(server)]
 
+    @property
+    def processes(self) -> list[Any]:
+        return self.members
+
     def start(self) -> None:
         """Start every member again (each on its port), as after `stop`."""
         for member in self.members:
             member.start()
-
-    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
-        for member in self.members:
-            member.stop(timeout)
-
-    def pause(self) -> None:
-        """SIGSTOP every member: the whole pool stops answering at once."""
-        for member in self.members:
-            member.pause()
-
-    def resume(self) -> None:
-        for member in self.members:
-            member.resume()
-
-    def kill(self) -> None:
-        for member in self.members:
-            member.kill()
-
-    def __repr__(self) -> str:
-        return f"<ServerPool {self.url}>"
 
 
 def _start_pool(starts: list[Callable[[], Any]]) -> list[Any]:
@@ -1938,7 +1910,7 @@ class RedisClusterNode(RedisServer):
         return [line.split() for line in self.call("CLUSTER", "NODES").splitlines() if line]
 
 
-class RedisClusterServers:
+class RedisClusterServers(ServerGroup):
     """Masters and replicas forming one Redis Cluster; kill a master to test failover."""
 
     def __init__(self, masters: list[RedisClusterNode], replicas: list[RedisClusterNode]) -> None:
@@ -1948,6 +1920,10 @@ class RedisClusterServers:
     @property
     def nodes(self) -> list[RedisClusterNode]:
         return [*self.masters, *self.replicas]
+
+    @property
+    def processes(self) -> list[RedisClusterNode]:
+        return self.nodes
 
     @property
     def url(self) -> str:
@@ -2008,10 +1984,6 @@ class RedisClusterServers:
                 raise ServerStartError(f"Redis Cluster not ok within {timeout:g} s: {last}")
             time.sleep(0.05)
 
-    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
-        for node in self.nodes:
-            node.stop(timeout)
-
     def start(self) -> None:
         """Start every stopped node again on its ports; each reads the cluster's layout
         back from its nodes.conf (the data is gone: no persistence). Returns once the
@@ -2019,33 +1991,6 @@ class RedisClusterServers:
         for node in self.nodes:
             node.start()
         self.wait_ok()
-
-    def kill(self) -> None:
-        for node in self.nodes:
-            node.kill()
-
-    def pause(self) -> None:
-        """SIGSTOP every node: the whole cluster stops answering at once."""
-        for node in self.nodes:
-            node.pause()
-
-    def resume(self) -> None:
-        for node in self.nodes:
-            node.resume()
-
-    def __enter__(self) -> RedisClusterServers:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    def __repr__(self) -> str:
-        return f"<RedisClusterServers {self.url}>"
 
 
 def _form_redis_cluster(masters: list[RedisClusterNode], replicas: list[RedisClusterNode]) -> None:
