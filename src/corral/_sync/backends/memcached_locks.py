@@ -122,7 +122,7 @@ from corral.backends.memcached_proto import (
 from corral.core.primitives import Attempt, LockInfo, Outcome
 from corral.errors import BackendError
 
-__all__ = ["MemcachedLocks", "draw_token", "parse_queue"]
+__all__ = ["MemcachedLocks", "count_alive", "draw_token", "join_queue", "parse_queue"]
 
 _ROUNDS = 3
 """Probes per attempt when the placeholder vanished or was replaced by a fresh one."""
@@ -199,10 +199,11 @@ class MemcachedLocks:
         if probe.number("s") > 0:  # held, or closed by hold_for
             if join:
                 assert place is not None
-                self._join(call, keys, place)
+                join_queue(call, keys.queue, place)
             return Attempt(False, holder_ttl=holder_ttl(probe))
         ahead = queue.ahead_of(None if place is None else place.id)
-        if ahead and self._any_alive(call, keys, ahead, place if join else None):
+        joining = place if join else None
+        if ahead and (count_alive(call, self.prefix, keys.queue, ahead, 1, joining))[0]:
             return Attempt(False)  # a live waiter is ahead: every attempt respects it
         # The lock is free and no live waiter is ahead: take it, if nobody did since the probe.
         requests = []
@@ -223,33 +224,6 @@ class MemcachedLocks:
         if after.code == b"HD" and after.number("s") > 0:
             return Attempt(False, holder_ttl=holder_ttl(after))  # another attempt won it
         return None  # the placeholder expired or was replaced: probe again
-
-    def _any_alive(
-        self, call: Call, keys: LockKeys, ahead: Sequence[str], joining: Place | None
-    ) -> bool:
-        """Whether any place in `ahead` lives; joins the queue on the way if asked."""
-        join = join_requests(keys.queue, joining) if joining is not None else []
-        alive = False
-        for start in range(0, len(ahead), CHECK_CHUNK):
-            chunk = ahead[start : start + CHECK_CHUNK]
-            checks = [request("mg", place_key(self.prefix, entry)) for entry in chunk]
-            replies = call(*checks, *join)
-            if join:
-                assert joining is not None
-                if not joined(replies[len(checks) :]):
-                    self._join(call, keys, joining)
-                join = []
-            if any(reply.code == b"HD" for reply in replies[: len(checks)]):
-                alive = True
-                break
-        return alive
-
-    def _join(self, call: Call, keys: LockKeys, place: Place) -> None:
-        """Append `place` to the queue, creating the queue if there is none."""
-        for _ in range(_JOIN_TRIES):
-            if joined(call(*join_requests(keys.queue, place))):
-                return
-        # Created and gone again each time: the next attempt joins.
 
     def _queue(self, name: str, keys: LockKeys, reply: Reply) -> QueueState:
         return parse_queue(self.client, name, keys.queue, reply)
@@ -396,6 +370,48 @@ class MemcachedLocks:
 
 
 _UTF8, _SP = "utf-8", "surrogatepass"
+
+
+def join_queue(call: Call, queue_key: str, place: Place) -> None:
+    """Append `place` to a lock's or a semaphore's queue, creating it if there is none."""
+    for _ in range(_JOIN_TRIES):
+        if joined(call(*join_requests(queue_key, place))):
+            return
+    # Created and gone again each time: the next attempt joins.
+
+
+def count_alive(
+    call: Call,
+    prefix: str,
+    queue_key: str,
+    ahead: Sequence[str],
+    enough: int,
+    joining: Place | None,
+) -> tuple[int, list[str]]:
+    """How many places in `ahead` live (stopping at `enough`), and the dead ones seen.
+
+    Joins the queue on the way if asked, in the first check's round trip.
+    """
+    join = join_requests(queue_key, joining) if joining is not None else []
+    alive = 0
+    dead: list[str] = []
+    for start in range(0, len(ahead), CHECK_CHUNK):
+        chunk = ahead[start : start + CHECK_CHUNK]
+        checks = [request("mg", place_key(prefix, entry)) for entry in chunk]
+        replies = call(*checks, *join)
+        if join:
+            assert joining is not None
+            if not joined(replies[len(checks) :]):
+                join_queue(call, queue_key, joining)
+            join = []
+        for entry, reply in zip(chunk, replies, strict=False):  # then the join's replies
+            if reply.code == b"HD":
+                alive += 1
+            else:
+                dead.append(entry)
+        if alive >= enough:
+            break
+    return alive, dead
 
 
 def parse_queue(

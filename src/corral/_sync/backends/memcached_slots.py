@@ -78,9 +78,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from corral._sync.backends.memcached_conn import Call, MemcachedClient
-from corral._sync.backends.memcached_locks import draw_token, parse_queue
+from corral._sync.backends.memcached_locks import (
+    count_alive,
+    draw_token,
+    join_queue,
+    parse_queue,
+)
 from corral.backends.memcached_proto import (
-    CHECK_CHUNK,
     PLACEHOLDER_TTL,
     TTL_MARGIN,
     CasDisabled,
@@ -93,8 +97,6 @@ from corral.backends.memcached_proto import (
     encode_slot,
     fence_key,
     fork_aware,
-    join_requests,
-    joined,
     lease_left,
     place_id,
     place_key,
@@ -333,13 +335,15 @@ class MemcachedSemaphores:
         if not free:
             if join:
                 assert place is not None
-                self._join(call, keys, place)
+                join_queue(call, keys.queue, place)
             left = [slot.ttl for slot in slots if slot.ttl >= 0]
             return Attempt(False, holder_ttl=float(min(left)) if left else None)
         ahead = queue.ahead_of(None if place is None else place.id)
         dead: list[str] = []
         if ahead:
-            alive, dead = self._count_alive(call, keys, ahead, len(free), place if join else None)
+            alive, dead = count_alive(
+                call, self.prefix, keys.queue, ahead, len(free), place if join else None
+            )
             if alive >= len(free):
                 return Attempt(False)  # the live waiters ahead take the free slots
         # A slot is free for us: take it, if nobody touched it since the probe.
@@ -430,44 +434,6 @@ class MemcachedSemaphores:
                 if slot.taken and slot.limit != limit:
                     return slot.limit
         return None
-
-    def _count_alive(
-        self,
-        call: Call,
-        keys: SemaphoreKeys,
-        ahead: Sequence[str],
-        enough: int,
-        joining: Place | None,
-    ) -> tuple[int, list[str]]:
-        """How many places in `ahead` live (stopping at `enough`), and the dead ones seen.
-
-        Joins the queue on the way if asked.
-        """
-        join = join_requests(keys.queue, joining) if joining is not None else []
-        alive = 0
-        dead: list[str] = []
-        for start in range(0, len(ahead), CHECK_CHUNK):
-            chunk = ahead[start : start + CHECK_CHUNK]
-            checks = [request("mg", place_key(self.prefix, entry)) for entry in chunk]
-            replies = call(*checks, *join)
-            if join:
-                assert joining is not None
-                if not joined(replies[len(checks) :]):
-                    self._join(call, keys, joining)
-                join = []
-            for entry, reply in zip(chunk, replies, strict=False):  # then the join's replies
-                if reply.code == b"HD":
-                    alive += 1
-                else:
-                    dead.append(entry)
-            if alive >= enough:
-                break
-        return alive, dead
-
-    def _join(self, call: Call, keys: SemaphoreKeys, place: Place) -> None:
-        for _ in range(3):
-            if joined(call(*join_requests(keys.queue, place))):
-                return
 
     def _give_back(self, call: Call, keys: SemaphoreKeys, index: int, stored: Reply) -> None:
         """Delete the slot just taken, if it is still as stored (its CAS from `ms ... c`)."""
